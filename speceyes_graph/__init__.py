@@ -1,0 +1,46 @@
+"""speceyes-graph: SpecEyes (arXiv 2603.23483) as a LangGraph state graph.
+
+``judge -> speculate -> gate -> (END | agent_loop)``: a large model judges whether a query
+needs visual tools; tool-free queries get a batched draft from a small model, kept only if
+its answer separability clears a threshold; the rest run the large model's tool loop.
+"""
+
+from .agent import create_agent_loop
+from .graph import create_speceyes_graph, parse_judge
+from .prompts import Prompts
+from .separability import (
+    GateConfig,
+    SeparabilityError,
+    acceptance_score,
+    answer_separability,
+    answer_separability_from_logprobs,
+    token_separability,
+)
+from .state import AgentStep, Draft, Mode, Route, SpecEyesInput, SpecEyesOutput, SpecEyesState
+from .toolsets import Toolset, ToolsetError, load_toolset, register_tool
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentStep",
+    "Draft",
+    "GateConfig",
+    "Mode",
+    "Prompts",
+    "Route",
+    "SeparabilityError",
+    "SpecEyesInput",
+    "SpecEyesOutput",
+    "SpecEyesState",
+    "Toolset",
+    "ToolsetError",
+    "acceptance_score",
+    "answer_separability",
+    "answer_separability_from_logprobs",
+    "create_agent_loop",
+    "create_speceyes_graph",
+    "load_toolset",
+    "parse_judge",
+    "register_tool",
+    "token_separability",
+]

@@ -1,0 +1,117 @@
+"""The published prompts, verbatim, and how a query becomes a prompt.
+
+Strings come from the official SpecEyes (MAC-AutoML/SpecEyes) and DeepEyes
+(Visual-Agent/DeepEyes) evaluation code. Whitespace is part of what the models were trained
+or tuned on, so it is kept exactly, including trailing spaces.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "DEEPEYES_SYSTEM_PROMPT",
+    "DEEPEYES_USER_PROMPT",
+    "JUDGE_SYSTEM_PROMPT",
+    "JUDGE_USER_SUFFIX",
+    "NATIVE_AGENT_SYSTEM_PROMPT",
+    "Prompts",
+    "SPECULATOR_SYSTEM_PROMPT",
+    "format_question",
+    "option_letters",
+    "tools_system_prompt",
+]
+
+JUDGE_SYSTEM_PROMPT = (
+    "You decide based on answer reliability.\n\n"
+    'Answer "yes" if using a tool would significantly improve correctness or confidence of the answer.\n\n'
+    'Answer "no" if tools would add little or no value.\n\n'
+    'Output only "yes" or "no".'
+)
+JUDGE_USER_SUFFIX = "\nWould tools significantly improve answer reliability? yes or no."
+
+SPECULATOR_SYSTEM_PROMPT = (
+    "You are a helpful assistant. Output only the final answer itself. Do not include "
+    "explanations, reasoning, labels, or any extra text."
+)
+SPECULATOR_USER_SUFFIX = "\nAnswer:"
+
+DEEPEYES_SYSTEM_PROMPT = (
+    "You are a helpful assistant.\n\n"
+    "# Tools\n"
+    "You may call one or more functions to assist with the user query.\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n"
+    "<tools>\n"
+    '{"type":"function","function":{"name":"image_zoom_in_tool","description":"Zoom in on a '
+    "specific region of an image by cropping it based on a bounding box (bbox) and an optional "
+    'object label.","parameters":{"type":"object","properties":{"bbox_2d":{"type":"array",'
+    '"items":{"type":"number"},"minItems":4,"maxItems":4,"description":"The bounding box of the '
+    "region to zoom in, as [x1, y1, x2, y2], where (x1, y1) is the top-left corner and (x2, y2) "
+    'is the bottom-right corner."},"label":{"type":"string","description":"The name or label of '
+    'the object in the specified bounding box (optional)."}},"required":["bbox"]}}}\n'
+    "</tools>\n\n"
+    "# How to call a tool\n"
+    "Return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n"
+    "<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call>\n\n"
+    "**Example**:  \n"
+    "<tool_call>  \n"
+    '{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [10, 20, 100, 200], "label": "the apple on the desk"}}  \n'
+    "</tool_call>"
+)
+DEEPEYES_USER_PROMPT = (
+    "\nThink first, call **image_zoom_in_tool** if needed, then answer. Format strictly as:  "
+    "<think>...</think>  <tool_call>...</tool_call> (if tools needed)  <answer>...</answer> "
+)
+
+NATIVE_AGENT_SYSTEM_PROMPT = (
+    "You are a helpful assistant that answers questions about images. If details are too "
+    "small to see, call a tool to look closer. When you are sure, reply with the final "
+    "answer inside <answer></answer>."
+)
+
+
+def option_letters(n: int) -> list[str]:
+    return [chr(ord("A") + i) for i in range(n)]
+
+
+def format_question(question: str, options: Sequence[str] | None = None) -> str:
+    """``Question: ...\\nOptions: \\nA. ...\\nB. ...\\n`` as in the DeepEyes/SpecEyes scripts."""
+    if not options:
+        return f"Question: {question}\n"
+    listed = "".join(f"{letter}. {opt}\n" for letter, opt in zip(option_letters(len(options)), options))
+    return f"Question: {question}\nOptions: \n{listed}"
+
+
+def tools_system_prompt(tool_schemas: Sequence[dict]) -> str:
+    """A DeepEyes-style system prompt declaring arbitrary tools (Qwen ``<tools>`` block).
+
+    For the single ``image_zoom_in_tool`` the verbatim DeepEyes prompt is used instead.
+    """
+    names = [s.get("function", {}).get("name") for s in tool_schemas]
+    if names == ["image_zoom_in_tool"]:
+        return DEEPEYES_SYSTEM_PROMPT
+    declared = "\n".join(json.dumps(s, separators=(",", ":")) for s in tool_schemas)
+    return (
+        "You are a helpful assistant.\n\n# Tools\nYou may call one or more functions to assist "
+        "with the user query.\nYou are provided with function signatures within <tools></tools> "
+        f"XML tags:\n<tools>\n{declared}\n</tools>\n\n# How to call a tool\nReturn a json object "
+        "with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """Every prompt the graph sends; override any field to adapt to another model."""
+
+    judge_system: str = JUDGE_SYSTEM_PROMPT
+    judge_suffix: str = JUDGE_USER_SUFFIX
+    speculator_system: str = SPECULATOR_SYSTEM_PROMPT
+    speculator_suffix: str = SPECULATOR_USER_SUFFIX
+    agent_system: str | None = None  # None: DeepEyes prompt (text protocol) or NATIVE_AGENT_SYSTEM_PROMPT
+    agent_suffix: str = DEEPEYES_USER_PROMPT
+    tool_response_instruction: str = DEEPEYES_USER_PROMPT

@@ -1,0 +1,366 @@
+"""Answer separability: the confidence gate of SpecEyes (arXiv 2603.23483, phase III).
+
+For every generated token with top-K logits ``l1 >= l2 >= ... >= lK``::
+
+    S = (l1 - mean(l2..lK)) / (std(l2..lK) + 1e-6)      # population std, top-1 excluded
+
+The answer's score aggregates ``S`` over its tokens (``min`` by default: one unsure token
+rejects the whole answer), the published acceptance score is ``sigmoid(0.6 * aggregate)``,
+and a draft is accepted when that score is *strictly* greater than tau.
+
+``S`` is invariant to adding a constant to every logit of a step, so the top-K
+*log-probabilities* a serving engine returns (log-softmax = logits minus a per-step
+constant) give exactly the score raw logits give. Both entry points live here.
+
+Inputs are validated rather than trusted: non-finite values raise
+:class:`SeparabilityError` (a NaN must never turn into an accepted draft), and asking for
+more competitors than exist raises unless ``clamp=True`` is passed explicitly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_ALPHA",
+    "DEFAULT_K",
+    "DEFAULT_TAU",
+    "EPS",
+    "Aggregation",
+    "GateConfig",
+    "SeparabilityError",
+    "acceptance_score",
+    "aggregate",
+    "answer_separability",
+    "answer_separability_from_logprobs",
+    "is_accepted",
+    "softmax_confidence",
+    "softmax_confidence_from_logprobs",
+    "token_separability",
+    "token_separability_from_logprobs",
+    "top_logprob_values",
+]
+
+DEFAULT_K = 64
+DEFAULT_TAU = 0.98
+DEFAULT_ALPHA = 0.6
+DEFAULT_BOTTOM_Q = 0.2
+EPS = 1e-6
+
+Aggregation = Literal["min", "mean", "bottom-q"]
+
+
+class SeparabilityError(ValueError):
+    """The scores cannot be computed honestly from this input."""
+
+
+def _as_float_matrix(logits: Any, k: int, clamp: bool) -> tuple[np.ndarray, int]:
+    """Top-k values per row, sorted descending, as float64 numpy (works for torch too).
+
+    torch tensors are reduced with ``topk`` on their own device, so a ``[n, 150k]`` GPU
+    tensor never crosses to the CPU whole; float16/bfloat16 are widened first.
+    """
+    if k < 2:
+        raise SeparabilityError(f"k must be at least 2 (top-1 plus one competitor), got {k}")
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        torch = None
+    if torch is not None and isinstance(logits, torch.Tensor):
+        t = logits.detach()
+        if t.ndim == 1:
+            t = t.unsqueeze(0)
+        if t.ndim != 2:
+            raise SeparabilityError(f"logits must be [n_tokens, vocab], got shape {tuple(t.shape)}")
+        t = t.float()
+        if torch.isnan(t).any():
+            raise SeparabilityError("logits contain NaN")
+        k_eff = _check_k(k, t.shape[1], clamp)
+        top = torch.topk(t, k_eff, dim=-1).values.cpu().double().numpy() if t.shape[0] else np.zeros((0, k_eff))
+    else:
+        a = np.asarray(logits, dtype=np.float64)
+        if a.ndim == 1:
+            a = a[None, :]
+        if a.ndim != 2:
+            raise SeparabilityError(f"logits must be [n_tokens, vocab], got shape {a.shape}")
+        if np.isnan(a).any():
+            raise SeparabilityError("logits contain NaN")
+        k_eff = _check_k(k, a.shape[1], clamp)
+        top = -np.sort(-np.partition(a, a.shape[1] - k_eff, axis=1)[:, a.shape[1] - k_eff :], axis=1)
+    if not np.isfinite(top).all():
+        raise SeparabilityError(
+            "top-K logits contain +/-inf (masked or overflowed logits); the score is undefined"
+        )
+    return top, k_eff
+
+
+def _check_k(k: int, available: int, clamp: bool) -> int:
+    if available >= k:
+        return k
+    if clamp and available >= 2:
+        return available
+    raise SeparabilityError(
+        f"asked for top-{k} but only {available} values per token are available; "
+        "lower k, or pass clamp=True to use what is there"
+    )
+
+
+def _separability_of_sorted(top: np.ndarray) -> np.ndarray:
+    competitors = top[:, 1:]
+    return (top[:, 0] - competitors.mean(axis=1)) / (competitors.std(axis=1) + EPS)
+
+
+def token_separability(logits: Any, k: int = DEFAULT_K, *, clamp: bool = False) -> np.ndarray:
+    """One separability score per row of a ``[n_tokens, vocab]`` tensor or array."""
+    top, _ = _as_float_matrix(logits, k, clamp)
+    return _separability_of_sorted(top)
+
+
+def aggregate(
+    scores: Sequence[float] | np.ndarray,
+    aggregation: Aggregation = "min",
+    *,
+    q: float = DEFAULT_BOTTOM_Q,
+) -> float:
+    """Reduce per-token scores to one answer score (``min``, ``mean`` or ``bottom-q``)."""
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    if s.size == 0:
+        raise SeparabilityError("empty answer: no generated tokens to score")
+    if not np.isfinite(s).all():
+        raise SeparabilityError("token scores contain NaN or inf")
+    if aggregation == "min":
+        return float(s.min())
+    if aggregation == "mean":
+        return float(s.mean())
+    if aggregation == "bottom-q":
+        if not 0 < q <= 1:
+            raise SeparabilityError(f"bottom-q needs 0 < q <= 1, got {q}")
+        n = max(1, int(math.floor(q * s.size)))
+        return float(np.sort(s)[:n].mean())
+    raise SeparabilityError(f"unknown aggregation {aggregation!r}; use 'min', 'mean' or 'bottom-q'")
+
+
+def answer_separability(
+    logits: Any,
+    k: int = DEFAULT_K,
+    aggregation: Aggregation = "min",
+    *,
+    q: float = DEFAULT_BOTTOM_Q,
+    clamp: bool = False,
+) -> float:
+    """The raw (pre-sigmoid) separability of a whole answer from its per-token logits."""
+    return aggregate(token_separability(logits, k, clamp=clamp), aggregation, q=q)
+
+
+def acceptance_score(raw: float, alpha: float = DEFAULT_ALPHA) -> float:
+    """The published acceptance score ``sigmoid(alpha * raw)``, numerically stable."""
+    x = alpha * float(raw)
+    if math.isnan(x):
+        raise SeparabilityError("separability is NaN")
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+def is_accepted(score: float, tau: float = DEFAULT_TAU) -> bool:
+    """Accept strictly above tau, as the official code does (exactly tau is rejected)."""
+    return bool(score > tau)
+
+
+# --- top-K log-probabilities (OpenAI / vLLM / SGLang format) -------------------------------
+
+
+def top_logprob_values(token_entry: Any) -> list[float]:
+    """The top log-prob values of one generated token, from any of the usual shapes.
+
+    Accepts an OpenAI ``logprobs.content[i]`` entry (``{"token", "logprob",
+    "top_logprobs": [{"token", "logprob"}, ...]}``), the bare ``top_logprobs`` list, a
+    ``{token: logprob}`` mapping (legacy completions format) or a list of floats.
+    """
+    entry = token_entry
+    if isinstance(entry, Mapping) and "top_logprobs" in entry:
+        entry = entry["top_logprobs"]
+        if entry is None:
+            raise SeparabilityError("token entry has top_logprobs=None (request top_logprobs=K)")
+    elif hasattr(entry, "top_logprobs"):  # pydantic objects from the openai client
+        entry = entry.top_logprobs
+    if isinstance(entry, Mapping):
+        values = list(entry.values())
+    else:
+        values = [
+            (e["logprob"] if isinstance(e, Mapping) else getattr(e, "logprob", e)) for e in entry
+        ]
+    try:
+        return [float(v) for v in values]
+    except (TypeError, ValueError) as exc:
+        raise SeparabilityError(f"malformed top_logprobs entry: {token_entry!r}") from exc
+
+
+def _logprob_matrix(top_logprobs: Any, k: int, clamp: bool) -> np.ndarray:
+    if isinstance(top_logprobs, Mapping):  # a whole `logprobs` object: {"content": [...]}
+        top_logprobs = top_logprobs.get("content") or []
+    rows = [top_logprob_values(entry) for entry in top_logprobs]
+    if not rows:
+        raise SeparabilityError("empty answer: no generated tokens to score")
+    available = min(len(r) for r in rows)
+    if available < k and not (clamp and available >= 2):
+        raise SeparabilityError(
+            f"the server returned only {available} top log-probs for some token but k={k}: "
+            f"start it with a higher cap (vLLM: --max-logprobs {k}) and request "
+            f"top_logprobs={k}, or pass clamp=True to score with fewer competitors"
+        )
+    k_eff = min(k, available)
+    top = np.array([sorted(r, reverse=True)[:k_eff] for r in rows], dtype=np.float64)
+    if np.isnan(top).any() or np.isposinf(top).any():
+        raise SeparabilityError("top log-probs contain NaN or +inf")
+    if np.isneginf(top).any():
+        raise SeparabilityError(
+            "top log-probs contain -inf (fewer than k tokens have non-zero probability); "
+            "the score is undefined at this k"
+        )
+    return top
+
+
+def token_separability_from_logprobs(
+    top_logprobs: Any, k: int = DEFAULT_K, *, clamp: bool = False
+) -> np.ndarray:
+    """Per-token separability from top-K log-probs (identical to the raw-logit score)."""
+    return _separability_of_sorted(_logprob_matrix(top_logprobs, k, clamp))
+
+
+def answer_separability_from_logprobs(
+    top_logprobs: Any,
+    k: int = DEFAULT_K,
+    aggregation: Aggregation = "min",
+    *,
+    q: float = DEFAULT_BOTTOM_Q,
+    clamp: bool = False,
+) -> float:
+    """Raw answer separability from ``logprobs.content`` (a list of token entries)."""
+    return aggregate(token_separability_from_logprobs(top_logprobs, k, clamp=clamp), aggregation, q=q)
+
+
+# --- softmax baseline (ablation) ------------------------------------------------------------
+
+
+def softmax_confidence(logits: Any) -> float:
+    """Geometric mean over tokens of the max softmax probability (the paper's baseline)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        torch = None
+    if torch is not None and isinstance(logits, torch.Tensor):
+        t = logits.detach().float()
+        t = t.unsqueeze(0) if t.ndim == 1 else t
+        if t.shape[0] == 0:
+            raise SeparabilityError("empty answer: no generated tokens to score")
+        if torch.isnan(t).any():
+            raise SeparabilityError("logits contain NaN")
+        log_pmax = torch.log_softmax(t, dim=-1).max(dim=-1).values.double().cpu().numpy()
+    else:
+        a = np.asarray(logits, dtype=np.float64)
+        a = a[None, :] if a.ndim == 1 else a
+        if a.shape[0] == 0:
+            raise SeparabilityError("empty answer: no generated tokens to score")
+        if np.isnan(a).any():
+            raise SeparabilityError("logits contain NaN")
+        m = a.max(axis=1, keepdims=True)
+        log_pmax = -np.log(np.exp(a - m).sum(axis=1))
+    if not np.isfinite(log_pmax).all():
+        raise SeparabilityError("softmax confidence is undefined for these logits")
+    return float(np.exp(log_pmax.mean()))
+
+
+def softmax_confidence_from_logprobs(top_logprobs: Any) -> float:
+    """The same baseline from served log-probs: the top-1 log-prob is log max softmax."""
+    top = _logprob_matrix(top_logprobs, 1 + 1, clamp=True) if _has_two(top_logprobs) else None
+    if top is None:
+        rows = [top_logprob_values(e) for e in _content(top_logprobs)]
+        if not rows or any(not r for r in rows):
+            raise SeparabilityError("empty answer: no generated tokens to score")
+        firsts = np.array([max(r) for r in rows])
+    else:
+        firsts = top[:, 0]
+    return float(np.exp(firsts.mean()))
+
+
+def _content(top_logprobs: Any) -> Any:
+    if isinstance(top_logprobs, Mapping):
+        return top_logprobs.get("content") or []
+    return top_logprobs
+
+
+def _has_two(top_logprobs: Any) -> bool:
+    rows = [top_logprob_values(e) for e in _content(top_logprobs)]
+    return bool(rows) and min(len(r) for r in rows) >= 2
+
+
+# --- the gate as a configured decision ------------------------------------------------------
+
+
+class GateConfig:
+    """Published defaults: K 64, ``min`` aggregation, ``sigmoid(0.6 * S)`` strictly above 0.98.
+
+    ``score="softmax"`` swaps in the softmax-confidence baseline (the paper's ablation);
+    ``clamp=True`` scores with fewer competitors when a server returns fewer than K
+    log-probs (recorded in the draft) instead of failing the draft.
+    """
+
+    def __init__(
+        self,
+        tau: float = DEFAULT_TAU,
+        k: int = DEFAULT_K,
+        aggregation: Aggregation = "min",
+        alpha: float = DEFAULT_ALPHA,
+        q: float = DEFAULT_BOTTOM_Q,
+        score: Literal["separability", "softmax"] = "separability",
+        clamp: bool = False,
+    ):
+        if aggregation not in ("min", "mean", "bottom-q"):
+            raise ValueError(f"unknown aggregation {aggregation!r}; use 'min', 'mean' or 'bottom-q'")
+        if score not in ("separability", "softmax"):
+            raise ValueError(f"unknown score {score!r}; use 'separability' or 'softmax'")
+        if k < 2:
+            raise ValueError(f"k must be at least 2, got {k}")
+        self.tau, self.k, self.aggregation, self.alpha, self.q = tau, k, aggregation, alpha, q
+        self.score, self.clamp = score, clamp
+
+    def __repr__(self) -> str:
+        return (
+            f"GateConfig(tau={self.tau}, k={self.k}, aggregation={self.aggregation!r}, "
+            f"alpha={self.alpha}, score={self.score!r})"
+        )
+
+    def evaluate(self, logprobs: Any) -> dict[str, Any]:
+        """Score a draft from its OpenAI-format ``logprobs`` and decide acceptance.
+
+        Returns the :class:`~speceyes_graph.state.Draft` fields; raises
+        :class:`SeparabilityError` when no honest score exists (the caller rejects).
+        """
+        content = _content(logprobs)
+        if not content:
+            raise SeparabilityError("empty answer: no generated tokens to score")
+        rows = [top_logprob_values(e) for e in content]
+        top = _logprob_matrix(content, self.k, self.clamp)
+        token_scores = _separability_of_sorted(top)
+        separability = aggregate(token_scores, self.aggregation, q=self.q)
+        confidence = float(np.exp(np.mean([max(r) for r in rows])))
+        score = acceptance_score(separability, self.alpha) if self.score == "separability" else confidence
+        tokens = [
+            e.get("token", "") if isinstance(e, Mapping) else getattr(e, "token", "") for e in content
+        ]
+        return {
+            "tokens": tokens,
+            "token_scores": [float(s) for s in token_scores],
+            "top_logprobs": [[float(v) for v in row] for row in top],
+            "separability": separability,
+            "softmax_confidence": confidence,
+            "score": score,
+            "accepted": is_accepted(score, self.tau),
+            "note": None if top.shape[1] == self.k else f"scored with top-{top.shape[1]} (clamped from {self.k})",
+        }

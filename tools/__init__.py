@@ -1,0 +1,75 @@
+"""speceyes_tools: vision tools (crop, zoom, OCR) as LangChain tools.
+
+The module-level tools are default instances (boxes in the model's resized frame, Qwen2.5-VL
+resize rule). Use the ``make_*`` factories for other settings. The tools read the query's
+images from graph state (``state["images"]``, a list of references), so they work in any
+LangGraph agent whose state has that key, or directly::
+
+    zoom.invoke({"bbox": [10, 10, 200, 120], "state": {"images": ["photo.jpg"]}})
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .geometry import BoxError, Coordinates, PixelBox, clamp_box, parse_box, to_original
+from .images import (
+    ImageLoadError,
+    ImageStore,
+    ResizeSpec,
+    default_store,
+    encode_image,
+    load_image,
+    put_bytes,
+    smart_resize,
+)
+from .tesseract import OCRUnavailable, check_tesseract, make_ocr_tool, ocr_array
+from .vision import crop_array, make_crop_tool, make_image_zoom_in_tool, make_zoom_tool, zoom_array
+
+if TYPE_CHECKING:
+    from langchain_core.tools import BaseTool
+
+crop = make_crop_tool()
+zoom = make_zoom_tool()
+image_zoom_in_tool = make_image_zoom_in_tool()
+
+
+def __getattr__(name: str) -> BaseTool:
+    # `ocr` is built lazily so importing the package works on machines without Tesseract;
+    # using it there raises OCRUnavailable with install instructions.
+    if name == "ocr":
+        tool = make_ocr_tool()
+        globals()["ocr"] = tool
+        return tool
+    raise AttributeError(name)
+
+
+__all__ = [
+    "BoxError",
+    "Coordinates",
+    "ImageLoadError",
+    "ImageStore",
+    "OCRUnavailable",
+    "PixelBox",
+    "ResizeSpec",
+    "check_tesseract",
+    "clamp_box",
+    "crop",
+    "crop_array",
+    "default_store",
+    "encode_image",
+    "image_zoom_in_tool",
+    "load_image",
+    "make_crop_tool",
+    "make_image_zoom_in_tool",
+    "make_ocr_tool",
+    "make_zoom_tool",
+    "ocr",
+    "ocr_array",
+    "parse_box",
+    "put_bytes",
+    "smart_resize",
+    "to_original",
+    "zoom",
+    "zoom_array",
+]
