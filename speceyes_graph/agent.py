@@ -90,7 +90,7 @@ def create_agent_loop(
         bound = model.bind_tools(tools) if tools else model
 
     def first_messages(state: AgentLoopState) -> list[AnyMessage]:
-        text = format_question(state["question"], state.get("options"))
+        text = format_question(state.get("question"), state.get("options"))
         if protocol == "deepeyes":
             text += prompts.agent_suffix
         return [SystemMessage(content=system), user_message(state.get("images"), text, resize, store)]

@@ -105,7 +105,7 @@ def create_speceyes_graph(
     def judge_node(state: SpecEyesState) -> dict[str, Any]:
         t0 = time.perf_counter()
         try:
-            text = format_question(state["question"], state.get("options")) + prompts.judge_suffix
+            text = format_question(state.get("question"), state.get("options")) + prompts.judge_suffix
             reply = judge_model.invoke(
                 [SystemMessage(content=prompts.judge_system), user_message(state.get("images"), text, resize, store)]
             )
@@ -124,7 +124,7 @@ def create_speceyes_graph(
     def speculate_node(state: SpecEyesState) -> dict[str, Any]:
         t0 = time.perf_counter()
         try:
-            text = format_question(state["question"], state.get("options")) + prompts.speculator_suffix
+            text = format_question(state.get("question"), state.get("options")) + prompts.speculator_suffix
             reply = speculator.invoke(
                 [
                     SystemMessage(content=prompts.speculator_system),

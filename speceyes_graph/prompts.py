@@ -80,6 +80,8 @@ def option_letters(n: int) -> list[str]:
 
 def format_question(question: str, options: Sequence[str] | None = None) -> str:
     """``Question: ...\\nOptions: \\nA. ...\\nB. ...\\n`` as in the DeepEyes/SpecEyes scripts."""
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"the query needs a non-empty 'question' string, got {question!r}")
     if not options:
         return f"Question: {question}\n"
     listed = "".join(f"{letter}. {opt}\n" for letter, opt in zip(option_letters(len(options)), options))

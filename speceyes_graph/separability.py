@@ -12,6 +12,10 @@ and a draft is accepted when that score is *strictly* greater than tau.
 *log-probabilities* a serving engine returns (log-softmax = logits minus a per-step
 constant) give exactly the score raw logits give. Both entry points live here.
 
+Note a property of the published score, kept as published: it compares the top-1 logit
+with the *bulk* of the top-K, not with the runner-up, so a two-way tie far above all other
+candidates still scores high (tested in ``test_ties``).
+
 Inputs are validated rather than trusted: non-finite values raise
 :class:`SeparabilityError` (a NaN must never turn into an accepted draft), and asking for
 more competitors than exist raises unless ``clamp=True`` is passed explicitly.

@@ -1,0 +1,40 @@
+"""Shared fixtures: synthetic images on disk and scripted models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+from speceyes_tools import default_store
+
+
+@pytest.fixture(autouse=True)
+def _fresh_image_cache():
+    default_store().clear()
+    yield
+    default_store().clear()
+
+
+def write_scene(path, size=(1280, 720), box=(100, 100, 200, 200), colour=(220, 30, 30)):
+    """A light background with one coloured rectangle; returns the path as str."""
+    arr = np.full((size[1], size[0], 3), 245, np.uint8)
+    x1, y1, x2, y2 = box
+    arr[y1:y2, x1:x2] = colour
+    Image.fromarray(arr).save(path)
+    return str(path)
+
+
+@pytest.fixture
+def scene(tmp_path):
+    return write_scene(tmp_path / "scene.png")
+
+
+@pytest.fixture
+def gradient_image(tmp_path):
+    """Pixel (x, y) = (x % 256, y % 256, (x // 256 + y // 256) % 256): every crop is checkable."""
+    h, w = 1000, 1500
+    ys, xs = np.mgrid[0:h, 0:w]
+    arr = np.stack([xs % 256, ys % 256, (xs // 256 + ys // 256) % 256], axis=-1).astype(np.uint8)
+    path = tmp_path / "gradient.png"
+    Image.fromarray(arr).save(path)
+    return str(path), arr

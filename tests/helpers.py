@@ -1,0 +1,39 @@
+"""Scripted models used across the graph tests."""
+
+from __future__ import annotations
+
+import json
+
+from langchain_core.messages import AIMessage
+from speceyes_graph.protocol import message_text
+from speceyes_graph.scripted import ScriptedChatModel, fake_logprobs
+
+
+def question_of(messages) -> str:
+    return "".join(message_text(m) for m in messages if m.type == "human")
+
+
+def judge(rule):
+    """rule: a fixed answer, or a function of the prompt text."""
+    return ScriptedChatModel(respond=lambda msgs: rule(question_of(msgs)) if callable(rule) else rule)
+
+
+def speculator(text="A", separability=9.0, logprobs=True):
+    def respond(msgs):
+        seps = separability(question_of(msgs)) if callable(separability) else separability
+        meta = {"logprobs": fake_logprobs([text], [seps])} if logprobs else {}
+        return AIMessage(content=text, response_metadata=meta)
+
+    return ScriptedChatModel(respond=respond)
+
+
+def deepeyes_agent(bbox=(10, 10, 60, 60), answer="B"):
+    """Zooms once (DeepEyes text), then answers after seeing the tool response."""
+
+    def respond(msgs):
+        if "<tool_response>" in message_text(msgs[-1]):
+            return f"<think>I see it now.</think><answer>{answer}</answer>"
+        call = json.dumps({"name": "image_zoom_in_tool", "arguments": {"bbox_2d": list(bbox)}})
+        return f"<think>Too small; zoom.</think><tool_call>\n{call}\n</tool_call>"
+
+    return ScriptedChatModel(respond=respond)
