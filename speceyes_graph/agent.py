@@ -22,8 +22,9 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
-from speceyes_tools.images import ImageStore, ResizeSpec
 from typing_extensions import TypedDict
+
+from speceyes_tools.images import ImageStore, ResizeSpec
 
 from .messages import Protocol, to_wire, user_message
 from .prompts import NATIVE_AGENT_SYSTEM_PROMPT, Prompts, format_question, tools_system_prompt
@@ -83,7 +84,9 @@ def create_agent_loop(
     tools = list(tools)
     tool_names = {t.name for t in tools}
     if protocol == "deepeyes":
-        system = prompts.agent_system or tools_system_prompt([convert_to_openai_tool(t) for t in tools])
+        system = prompts.agent_system or tools_system_prompt(
+            [convert_to_openai_tool(t) for t in tools]
+        )
         bound = model
     else:
         system = prompts.agent_system or NATIVE_AGENT_SYSTEM_PROMPT
@@ -93,7 +96,10 @@ def create_agent_loop(
         text = format_question(state.get("question"), state.get("options"))
         if protocol == "deepeyes":
             text += prompts.agent_suffix
-        return [SystemMessage(content=system), user_message(state.get("images"), text, resize, store)]
+        return [
+            SystemMessage(content=system),
+            user_message(state.get("images"), text, resize, store),
+        ]
 
     def agent(state: AgentLoopState) -> dict[str, Any]:
         started = state.get("started_at") or time.time()
@@ -102,15 +108,26 @@ def create_agent_loop(
         step_no = len(state.get("steps") or []) + 1
         try:
             t0 = time.perf_counter()
-            reply = bound.invoke(to_wire(history + new, protocol, prompts.tool_response_instruction))
+            reply = bound.invoke(
+                to_wire(history + new, protocol, prompts.tool_response_instruction)
+            )
             latency = time.perf_counter() - t0
         except Exception as exc:  # the model failed: this query fails, the batch goes on
-            return {"started_at": started, "messages": new, "error": f"agent model: {type(exc).__name__}: {exc}", "stop_reason": "error"}
+            return {
+                "started_at": started,
+                "messages": new,
+                "error": f"agent model: {type(exc).__name__}: {exc}",
+                "stop_reason": "error",
+            }
         text = message_text(reply)
         native_calls = list(getattr(reply, "tool_calls", None) or [])
         if native_calls:
             calls = native_calls
-            problems = [f"Error: Unknown tool name: {c['name']}" for c in calls if c["name"] not in tool_names]
+            problems = [
+                f"Error: Unknown tool name: {c['name']}"
+                for c in calls
+                if c["name"] not in tool_names
+            ]
             answer = None
         elif protocol == "deepeyes" or "<tool_call>" in text:
             parsed = parse_deepeyes(text, tool_names)
@@ -124,14 +141,21 @@ def create_agent_loop(
             "step": step_no,
             "model_text": text,
             "model_latency_s": latency,
-            "tool_calls": [{"name": c["name"], "arguments": c["args"], "id": c["id"]} for c in calls],
+            "tool_calls": [
+                {"name": c["name"], "arguments": c["args"], "id": c["id"]} for c in calls
+            ],
             "answer": answer,
             "problem": "; ".join(problems) or None,
         }
         if not calls and answer is None:
             # nothing to do: tell the model what went wrong, in the protocol's words
             correction = "\n".join(problems) if problems else ""
-            new.append(HumanMessage(content=(correction + "\n" if correction else "") + prompts.agent_suffix.lstrip("\n")))
+            new.append(
+                HumanMessage(
+                    content=(correction + "\n" if correction else "")
+                    + prompts.agent_suffix.lstrip("\n")
+                )
+            )
             if not problems:
                 step["problem"] = "no tool call and no <answer>"
         return {"started_at": started, "messages": new, "steps": [step], "answer": answer}
@@ -189,7 +213,11 @@ def _no_tools(state: AgentLoopState) -> dict[str, Any]:
     last = state["messages"][-1]
     return {
         "messages": [
-            ToolMessage(content="Error: no tools are available; answer directly.", tool_call_id=c["id"], name=c["name"])
+            ToolMessage(
+                content="Error: no tools are available; answer directly.",
+                tool_call_id=c["id"],
+                name=c["name"],
+            )
             for c in last.tool_calls
         ]
     }
@@ -207,4 +235,8 @@ def _attach_tool_results(steps: list[dict], messages: Sequence[AnyMessage]) -> N
             call["box"] = artifact.get("box")
             call["notes"] = artifact.get("notes")
             call["latency_s"] = artifact.get("latency_s")
-            call["error"] = message_text(tm) if tm.status == "error" or message_text(tm).startswith("Error") else None
+            call["error"] = (
+                message_text(tm)
+                if tm.status == "error" or message_text(tm).startswith("Error")
+                else None
+            )

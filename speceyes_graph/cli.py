@@ -13,7 +13,9 @@ def _placeholder_graph(mode: str, tools: str):
     from .graph import create_speceyes_graph
 
     judge, speculator, agent = make_example_models()
-    return create_speceyes_graph(judge=judge, speculator=speculator, agent=agent, mode=mode, tools=tools)
+    return create_speceyes_graph(
+        judge=judge, speculator=speculator, agent=agent, mode=mode, tools=tools
+    )
 
 
 def cmd_graph(args: argparse.Namespace) -> int:

@@ -20,7 +20,9 @@ Format = Literal["mermaid", "ascii", "png", "dot"]
 
 
 def _graph(graph) -> Graph:
-    compiled = graph.compile() if hasattr(graph, "compile") and not hasattr(graph, "get_graph") else graph
+    compiled = (
+        graph.compile() if hasattr(graph, "compile") and not hasattr(graph, "get_graph") else graph
+    )
     return compiled.get_graph(xray=True)
 
 
@@ -32,14 +34,18 @@ def draw(graph, fmt: Format = "mermaid") -> str | bytes:
     if fmt == "ascii":
         # grandalf cannot lay out self-loops (agent -> agent, the corrective turn): list them below
         loops = [e for e in g.edges if e.source == e.target]
-        text = Graph(nodes=dict(g.nodes), edges=[e for e in g.edges if e.source != e.target]).draw_ascii()
+        text = Graph(
+            nodes=dict(g.nodes), edges=[e for e in g.edges if e.source != e.target]
+        ).draw_ascii()
         return text + "".join(f"\n(also: {e.source} -> {e.target}, a loop)" for e in loops)
     if fmt == "dot":
         return to_dot(g)
     if fmt == "png":
         dot = shutil.which("dot")
         if dot:
-            return subprocess.run([dot, "-Tpng"], input=to_dot(g).encode(), capture_output=True, check=True).stdout
+            return subprocess.run(
+                [dot, "-Tpng"], input=to_dot(g).encode(), capture_output=True, check=True
+            ).stdout
         return _png_matplotlib(g)
     raise ValueError(f"unknown format {fmt!r}; use mermaid, ascii, png or dot")
 
@@ -58,7 +64,11 @@ def to_dot(g: Graph) -> str:
     clusters: dict[str, list[str]] = {}
     for node_id in g.nodes:
         prefix = node_id.rsplit(":", 1)[0] if ":" in node_id else ""
-        shape = ', shape=oval, fillcolor="#dddddd"' if node_id in ("__start__", "__end__") or node_id.endswith(("__start__", "__end__")) else ""
+        shape = (
+            ', shape=oval, fillcolor="#dddddd"'
+            if node_id in ("__start__", "__end__") or node_id.endswith(("__start__", "__end__"))
+            else ""
+        )
         decl = f'"{node_id}" [label="{_label(node_id)}"{shape}];'
         clusters.setdefault(prefix, []).append(decl)
     for prefix, decls in clusters.items():
@@ -90,20 +100,47 @@ def _png_matplotlib(g: Graph) -> bytes:
     vertices = {nid: Vertex(nid) for nid in g.nodes}
     for v in vertices.values():
         v.view = _View()
-    gg = GGraph(list(vertices.values()), [Edge(vertices[e.source], vertices[e.target]) for e in g.edges])
+    edges = [e for e in g.edges if e.source != e.target]  # grandalf cannot lay out self-loops
+    gg = GGraph(
+        list(vertices.values()), [Edge(vertices[e.source], vertices[e.target]) for e in edges]
+    )
     for comp in gg.C:
-        SugiyamaLayout(comp).draw()
+        layout = SugiyamaLayout(comp)
+        roots = [v for v in comp.sV if len(v.e_in()) == 0]
+        layout.init_all(roots=roots, optimize=True)
+        layout.draw()
     xs = [v.view.xy[0] for v in vertices.values()]
     ys = [v.view.xy[1] for v in vertices.values()]
-    fig, ax = plt.subplots(figsize=(max(4, (max(xs) - min(xs)) / 60 + 3), max(4, (max(ys) - min(ys)) / 50 + 2)))
-    for e in g.edges:
+    fig, ax = plt.subplots(
+        figsize=(max(4, (max(xs) - min(xs)) / 60 + 3), max(4, (max(ys) - min(ys)) / 50 + 2))
+    )
+    for e in edges:
         (x1, y1), (x2, y2) = vertices[e.source].view.xy, vertices[e.target].view.xy
-        ax.annotate("", xy=(x2, -y2), xytext=(x1, -y1), arrowprops={"arrowstyle": "->", "ls": "--" if e.conditional else "-"})
+        ax.annotate(
+            "",
+            xy=(x2, -y2),
+            xytext=(x1, -y1),
+            arrowprops={
+                "arrowstyle": "-|>",
+                "ls": "--" if e.conditional else "-",
+                "shrinkA": 12,
+                "shrinkB": 12,
+            },
+        )
     for nid, v in vertices.items():
         x, y = v.view.xy
-        ax.text(x, -y, _label(nid), ha="center", va="center", bbox={"boxstyle": "round", "fc": "#eef3fb"})
+        ax.text(
+            x,
+            -y,
+            _label(nid),
+            ha="center",
+            va="center",
+            bbox={"boxstyle": "round", "fc": "#eef3fb"},
+        )
+    ax.set_xlim(min(xs) - 90, max(xs) + 90)  # text and arrows do not autoscale the axes
+    ax.set_ylim(-max(ys) - 40, -min(ys) + 40)
     ax.set_axis_off()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
     return buf.getvalue()

@@ -25,16 +25,69 @@ from .scripted import ScriptedChatModel, fake_logprobs
 
 __all__ = ["EXAMPLE_QUERIES", "make_example_models", "make_example_scenes", "run_example"]
 
-COLOURS = {"red": (220, 30, 30), "green": (30, 170, 60), "blue": (40, 70, 220), "yellow": (235, 200, 20)}
+COLOURS = {
+    "red": (220, 30, 30),
+    "green": (30, 170, 60),
+    "blue": (40, 70, 220),
+    "yellow": (235, 200, 20),
+}
 
 # (id, question, options, object colour, object box in original pixels, judge says, draft separability)
 EXAMPLE_QUERIES = [
-    ("big-red", "What is the color of the large circle?", ["red", "blue", "green", "yellow"], "red", (500, 300, 1400, 1200), "no", 9.0),
-    ("big-green", "What is the color of the large square?", ["green", "red", "blue", "yellow"], "green", (900, 500, 1700, 1300), "no", 8.0),
-    ("tiny-blue", "What is the color of the tiny square near the corner?", ["blue", "red", "green", "yellow"], "blue", (2920, 2040, 2960, 2080), "yes", None),
-    ("tiny-yellow", "What is the color of the small dot?", ["yellow", "red", "green", "blue"], "yellow", (150, 1800, 190, 1840), "no", 3.0),
-    ("tiny-red", "What is the color of the little mark on the right?", ["red", "green", "blue", "yellow"], "red", (3500, 900, 3536, 936), "yes", None),
-    ("big-blue", "What is the color of the big shape?", ["blue", "green", "red", "yellow"], "blue", (1200, 400, 2400, 1600), "no", 7.5),
+    (
+        "big-red",
+        "What is the color of the large circle?",
+        ["red", "blue", "green", "yellow"],
+        "red",
+        (500, 300, 1400, 1200),
+        "no",
+        9.0,
+    ),
+    (
+        "big-green",
+        "What is the color of the large square?",
+        ["green", "red", "blue", "yellow"],
+        "green",
+        (900, 500, 1700, 1300),
+        "no",
+        8.0,
+    ),
+    (
+        "tiny-blue",
+        "What is the color of the tiny square near the corner?",
+        ["blue", "red", "green", "yellow"],
+        "blue",
+        (2920, 2040, 2960, 2080),
+        "yes",
+        None,
+    ),
+    (
+        "tiny-yellow",
+        "What is the color of the small dot?",
+        ["yellow", "red", "green", "blue"],
+        "yellow",
+        (150, 1800, 190, 1840),
+        "no",
+        3.0,
+    ),
+    (
+        "tiny-red",
+        "What is the color of the little mark on the right?",
+        ["red", "green", "blue", "yellow"],
+        "red",
+        (3500, 900, 3536, 936),
+        "yes",
+        None,
+    ),
+    (
+        "big-blue",
+        "What is the color of the big shape?",
+        ["blue", "green", "red", "yellow"],
+        "blue",
+        (1200, 400, 2400, 1600),
+        "no",
+        7.5,
+    ),
 ]
 
 
@@ -49,14 +102,26 @@ def make_example_scenes(folder: Path) -> list[dict]:
         shape(box, fill=COLOURS[colour])
         path = folder / f"{qid}.png"
         img.save(path)
-        inputs.append({"query_id": qid, "question": question, "images": [str(path)], "options": options, "expected": "A"})
+        inputs.append(
+            {
+                "query_id": qid,
+                "question": question,
+                "images": [str(path)],
+                "options": options,
+                "expected": "A",
+            }
+        )
     return inputs
 
 
 def _question(messages: list[BaseMessage]) -> str:
     for m in messages:
         if m.type == "human":
-            text = "".join(b.get("text", "") for b in m.content if isinstance(b, dict)) if isinstance(m.content, list) else m.content
+            text = (
+                "".join(b.get("text", "") for b in m.content if isinstance(b, dict))
+                if isinstance(m.content, list)
+                else m.content
+            )
             if "Question:" in text:
                 return text
     return ""
@@ -75,7 +140,9 @@ def _last_image(messages: list[BaseMessage]) -> np.ndarray | None:
         if isinstance(m.content, list):
             for b in m.content:
                 if isinstance(b, dict) and b.get("type") == "image":
-                    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b["base64"]))).convert("RGB"))
+                    return np.asarray(
+                        Image.open(io.BytesIO(base64.b64decode(b["base64"]))).convert("RGB")
+                    )
     return None
 
 
@@ -107,8 +174,15 @@ def make_example_models() -> tuple[ScriptedChatModel, ScriptedChatModel, Scripte
             return f"<think>The zoomed region shows a {seen} object.</think>\n<answer>{letter}</answer>"
         shown = _last_image(messages)  # the full image at the size the model sees it
         sx, sy = shown.shape[1] / 3840, shown.shape[0] / 2160
-        bbox = [round(box[0] * sx) - 10, round(box[1] * sy) - 10, round(box[2] * sx) + 10, round(box[3] * sy) + 10]
-        call = json.dumps({"name": "image_zoom_in_tool", "arguments": {"bbox_2d": bbox, "label": "the object"}})
+        bbox = [
+            round(box[0] * sx) - 10,
+            round(box[1] * sy) - 10,
+            round(box[2] * sx) + 10,
+            round(box[3] * sy) + 10,
+        ]
+        call = json.dumps(
+            {"name": "image_zoom_in_tool", "arguments": {"bbox_2d": bbox, "label": "the object"}}
+        )
         return f"<think>The object is small; zoom in.</think>\n<tool_call>\n{call}\n</tool_call>"
 
     return (
@@ -131,5 +205,7 @@ def run_example(folder: Path | None = None, print_fn=print) -> list[dict]:
         draft = r.get("draft") or {}
         score = f"{draft['score']:.4f}" if draft.get("score") is not None else "-"
         ok = "yes" if r.get("answer") == q["expected"] else "NO"
-        print_fn(f"{q['query_id']:<12} {r.get('route') or 'error':<17} {str(r.get('answer')):<7} {ok:<4} {score:<12} {len(r.get('agent_steps') or [])}")
+        print_fn(
+            f"{q['query_id']:<12} {r.get('route') or 'error':<17} {str(r.get('answer')):<7} {ok:<4} {score:<12} {len(r.get('agent_steps') or [])}"
+        )
     return results

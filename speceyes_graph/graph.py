@@ -23,6 +23,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import SystemMessage
 from langchain_core.tools import BaseTool
 from langgraph.graph import END, START, StateGraph
+
 from speceyes_tools.images import ImageStore, ResizeSpec
 
 from .agent import DEFAULT_MAX_STEPS, create_agent_loop
@@ -105,9 +106,14 @@ def create_speceyes_graph(
     def judge_node(state: SpecEyesState) -> dict[str, Any]:
         t0 = time.perf_counter()
         try:
-            text = format_question(state.get("question"), state.get("options")) + prompts.judge_suffix
+            text = (
+                format_question(state.get("question"), state.get("options")) + prompts.judge_suffix
+            )
             reply = judge_model.invoke(
-                [SystemMessage(content=prompts.judge_system), user_message(state.get("images"), text, resize, store)]
+                [
+                    SystemMessage(content=prompts.judge_system),
+                    user_message(state.get("images"), text, resize, store),
+                ]
             )
             output = message_text(reply).strip()
         except Exception as exc:
@@ -124,7 +130,10 @@ def create_speceyes_graph(
     def speculate_node(state: SpecEyesState) -> dict[str, Any]:
         t0 = time.perf_counter()
         try:
-            text = format_question(state.get("question"), state.get("options")) + prompts.speculator_suffix
+            text = (
+                format_question(state.get("question"), state.get("options"))
+                + prompts.speculator_suffix
+            )
             reply = speculator.invoke(
                 [
                     SystemMessage(content=prompts.speculator_system),
@@ -134,7 +143,11 @@ def create_speceyes_graph(
         except Exception as exc:
             if mode == "small":
                 return _failed("speculator", exc, t0)
-            draft: Draft = {"text": "", "accepted": False, "error": f"speculator: {type(exc).__name__}: {exc}"}
+            draft: Draft = {
+                "text": "",
+                "accepted": False,
+                "error": f"speculator: {type(exc).__name__}: {exc}",
+            }
             return {"draft": draft, "timings": {"speculate": time.perf_counter() - t0}}
         draft = {"text": message_text(reply).strip(), **score_draft(reply, gate)}
         return {"draft": draft, "timings": {"speculate": time.perf_counter() - t0}}
@@ -158,12 +171,24 @@ def create_speceyes_graph(
 
     if needs_agent:
         toolset = tools if isinstance(tools, Sequence) and not isinstance(tools, str) else None
-        tool_list = list(toolset) if toolset is not None else build_tools(load_toolset(tools), resize=resize, store=store)
+        tool_list = (
+            list(toolset)
+            if toolset is not None
+            else build_tools(load_toolset(tools), resize=resize, store=store)
+        )
         chosen = protocol
         if chosen == "auto":
-            chosen = "deepeyes" if [t.name for t in tool_list] == ["image_zoom_in_tool"] else "native"
+            chosen = (
+                "deepeyes" if [t.name for t in tool_list] == ["image_zoom_in_tool"] else "native"
+            )
         loop = create_agent_loop(
-            agent, tool_list, protocol=chosen, max_steps=max_agent_steps, prompts=prompts, resize=resize, store=store
+            agent,
+            tool_list,
+            protocol=chosen,
+            max_steps=max_agent_steps,
+            prompts=prompts,
+            resize=resize,
+            store=store,
         ).compile(name="agent_loop")
         graph.add_node("agent_loop", loop)
         graph.add_edge("agent_loop", END)
@@ -192,7 +217,9 @@ def score_draft(reply: Any, gate: GateConfig) -> dict[str, Any]:
     """Gate fields for a speculator reply; a draft that cannot be scored is rejected, with why."""
     logprobs = (getattr(reply, "response_metadata", None) or {}).get("logprobs")
     if not logprobs:
-        log.warning("speculator reply has no logprobs; the draft is rejected (request top_logprobs=K)")
+        log.warning(
+            "speculator reply has no logprobs; the draft is rejected (request top_logprobs=K)"
+        )
         return {
             "accepted": False,
             "error": "the speculator returned no logprobs: ask for them (ChatOpenAI(logprobs=True, "
@@ -206,4 +233,7 @@ def score_draft(reply: Any, gate: GateConfig) -> dict[str, Any]:
 
 def _failed(phase: str, exc: Exception, t0: float) -> dict[str, Any]:
     log.info("query failed in %s: %s", phase, exc)
-    return {"error": f"{phase}: {type(exc).__name__}: {exc}", "timings": {phase: time.perf_counter() - t0}}
+    return {
+        "error": f"{phase}: {type(exc).__name__}: {exc}",
+        "timings": {phase: time.perf_counter() - t0},
+    }

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store
 
 from .protocol import format_tool_call, message_text
@@ -45,7 +46,9 @@ def user_message(
     store: ImageStore | None = None,
 ) -> HumanMessage:
     """Images first, then the text, as the DeepEyes and SpecEyes scripts order them."""
-    return HumanMessage(content=[*image_blocks(images, resize, store), {"type": "text", "text": text}])
+    return HumanMessage(
+        content=[*image_blocks(images, resize, store), {"type": "text", "text": text}]
+    )
 
 
 def _blocks(content: object) -> list[dict]:
@@ -57,7 +60,9 @@ def _blocks(content: object) -> list[dict]:
     return out
 
 
-def to_wire(messages: Sequence[BaseMessage], protocol: Protocol, instruction: str = "") -> list[BaseMessage]:
+def to_wire(
+    messages: Sequence[BaseMessage], protocol: Protocol, instruction: str = ""
+) -> list[BaseMessage]:
     """Render a stored transcript for the model (see the module docstring)."""
     out: list[BaseMessage] = []
     pending: list[ToolMessage] = []
@@ -69,7 +74,10 @@ def to_wire(messages: Sequence[BaseMessage], protocol: Protocol, instruction: st
             parts: list[dict] = [{"type": "text", "text": "<tool_response>"}]
             for tm in pending:
                 parts.extend(_blocks(tm.content))
-            parts += [{"type": "text", "text": instruction}, {"type": "text", "text": "</tool_response>"}]
+            parts += [
+                {"type": "text", "text": instruction},
+                {"type": "text", "text": "</tool_response>"},
+            ]
             out.append(HumanMessage(content=parts))
         else:
             images: list[dict] = []
@@ -77,9 +85,17 @@ def to_wire(messages: Sequence[BaseMessage], protocol: Protocol, instruction: st
                 blocks = _blocks(tm.content)
                 images.extend(b for b in blocks if b.get("type") in ("image", "image_url"))
                 text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
-                out.append(ToolMessage(content=text or "(image)", tool_call_id=tm.tool_call_id, name=tm.name))
+                out.append(
+                    ToolMessage(
+                        content=text or "(image)", tool_call_id=tm.tool_call_id, name=tm.name
+                    )
+                )
             if images:
-                out.append(HumanMessage(content=[{"type": "text", "text": "Images returned by the tools:"}, *images]))
+                out.append(
+                    HumanMessage(
+                        content=[{"type": "text", "text": "Images returned by the tools:"}, *images]
+                    )
+                )
         pending.clear()
 
     for m in messages:

@@ -84,7 +84,9 @@ def format_question(question: str, options: Sequence[str] | None = None) -> str:
         raise ValueError(f"the query needs a non-empty 'question' string, got {question!r}")
     if not options:
         return f"Question: {question}\n"
-    listed = "".join(f"{letter}. {opt}\n" for letter, opt in zip(option_letters(len(options)), options))
+    listed = "".join(
+        f"{letter}. {opt}\n" for letter, opt in zip(option_letters(len(options)), options)
+    )
     return f"Question: {question}\nOptions: \n{listed}"
 
 
@@ -114,6 +116,8 @@ class Prompts:
     judge_suffix: str = JUDGE_USER_SUFFIX
     speculator_system: str = SPECULATOR_SYSTEM_PROMPT
     speculator_suffix: str = SPECULATOR_USER_SUFFIX
-    agent_system: str | None = None  # None: DeepEyes prompt (text protocol) or NATIVE_AGENT_SYSTEM_PROMPT
+    agent_system: str | None = (
+        None  # None: DeepEyes prompt (text protocol) or NATIVE_AGENT_SYSTEM_PROMPT
+    )
     agent_suffix: str = DEEPEYES_USER_PROMPT
     tool_response_instruction: str = DEEPEYES_USER_PROMPT

@@ -99,7 +99,9 @@ def parse_deepeyes(text: str, known_tools: Collection[str] | None = None) -> Par
         try:
             call = _decode_call(body)
         except (ValueError, json.JSONDecodeError) as exc:
-            turn.problems.append(f"Error: Invalid tool call format: {body.strip()[:300]}. Error: {exc}")
+            turn.problems.append(
+                f"Error: Invalid tool call format: {body.strip()[:300]}. Error: {exc}"
+            )
             continue
         if known_tools is not None and call["name"] not in known_tools:
             turn.problems.append(

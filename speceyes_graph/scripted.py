@@ -49,7 +49,9 @@ class ScriptedChatModel(BaseChatModel):
         return self
 
 
-def fake_logprobs(tokens: Sequence[str], separability: Sequence[float], k: int = 64, seed: int = 0) -> dict:
+def fake_logprobs(
+    tokens: Sequence[str], separability: Sequence[float], k: int = 64, seed: int = 0
+) -> dict:
     """OpenAI ``logprobs`` with per-token separability exactly ``separability[i]`` at top-``k``.
 
     Competitors are deterministic pseudo-random logits; the top-1 is placed so that
@@ -66,6 +68,9 @@ def fake_logprobs(tokens: Sequence[str], separability: Sequence[float], k: int =
             raise ValueError(f"separability {s} is too low for a top-1 token at k={k}")
         logits = np.concatenate([[top1], competitors])
         logprobs = logits - (logits.max() + math.log(np.exp(logits - logits.max()).sum()))
-        top = [{"token": token if i == 0 else f"<alt{i}>", "logprob": float(v)} for i, v in enumerate(logprobs)]
+        top = [
+            {"token": token if i == 0 else f"<alt{i}>", "logprob": float(v)}
+            for i, v in enumerate(logprobs)
+        ]
         content.append({"token": token, "logprob": top[0]["logprob"], "top_logprobs": top})
     return {"content": content}

@@ -84,7 +84,11 @@ def _as_float_matrix(logits: Any, k: int, clamp: bool) -> tuple[np.ndarray, int]
         if torch.isnan(t).any():
             raise SeparabilityError("logits contain NaN")
         k_eff = _check_k(k, t.shape[1], clamp)
-        top = torch.topk(t, k_eff, dim=-1).values.cpu().double().numpy() if t.shape[0] else np.zeros((0, k_eff))
+        top = (
+            torch.topk(t, k_eff, dim=-1).values.cpu().double().numpy()
+            if t.shape[0]
+            else np.zeros((0, k_eff))
+        )
     else:
         a = np.asarray(logits, dtype=np.float64)
         if a.ndim == 1:
@@ -94,7 +98,9 @@ def _as_float_matrix(logits: Any, k: int, clamp: bool) -> tuple[np.ndarray, int]
         if np.isnan(a).any():
             raise SeparabilityError("logits contain NaN")
         k_eff = _check_k(k, a.shape[1], clamp)
-        top = -np.sort(-np.partition(a, a.shape[1] - k_eff, axis=1)[:, a.shape[1] - k_eff :], axis=1)
+        top = -np.sort(
+            -np.partition(a, a.shape[1] - k_eff, axis=1)[:, a.shape[1] - k_eff :], axis=1
+        )
     if not np.isfinite(top).all():
         raise SeparabilityError(
             "top-K logits contain +/-inf (masked or overflowed logits); the score is undefined"
@@ -246,7 +252,9 @@ def answer_separability_from_logprobs(
     clamp: bool = False,
 ) -> float:
     """Raw answer separability from ``logprobs.content`` (a list of token entries)."""
-    return aggregate(token_separability_from_logprobs(top_logprobs, k, clamp=clamp), aggregation, q=q)
+    return aggregate(
+        token_separability_from_logprobs(top_logprobs, k, clamp=clamp), aggregation, q=q
+    )
 
 
 # --- softmax baseline (ablation) ------------------------------------------------------------
@@ -326,7 +334,9 @@ class GateConfig:
         clamp: bool = False,
     ):
         if aggregation not in ("min", "mean", "bottom-q"):
-            raise ValueError(f"unknown aggregation {aggregation!r}; use 'min', 'mean' or 'bottom-q'")
+            raise ValueError(
+                f"unknown aggregation {aggregation!r}; use 'min', 'mean' or 'bottom-q'"
+            )
         if score not in ("separability", "softmax"):
             raise ValueError(f"unknown score {score!r}; use 'separability' or 'softmax'")
         if k < 2:
@@ -354,9 +364,14 @@ class GateConfig:
         token_scores = _separability_of_sorted(top)
         separability = aggregate(token_scores, self.aggregation, q=self.q)
         confidence = float(np.exp(np.mean([max(r) for r in rows])))
-        score = acceptance_score(separability, self.alpha) if self.score == "separability" else confidence
+        score = (
+            acceptance_score(separability, self.alpha)
+            if self.score == "separability"
+            else confidence
+        )
         tokens = [
-            e.get("token", "") if isinstance(e, Mapping) else getattr(e, "token", "") for e in content
+            e.get("token", "") if isinstance(e, Mapping) else getattr(e, "token", "")
+            for e in content
         ]
         return {
             "tokens": tokens,
@@ -366,5 +381,7 @@ class GateConfig:
             "softmax_confidence": confidence,
             "score": score,
             "accepted": is_accepted(score, self.tau),
-            "note": None if top.shape[1] == self.k else f"scored with top-{top.shape[1]} (clamped from {self.k})",
+            "note": None
+            if top.shape[1] == self.k
+            else f"scored with top-{top.shape[1]} (clamped from {self.k})",
         }

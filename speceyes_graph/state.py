@@ -40,7 +40,9 @@ Route = Literal["speculative", "judged-agentic", "rejected-agentic", "agent-only
 """
 
 
-def merge_timings(left: dict[str, float] | None, right: dict[str, float] | None) -> dict[str, float]:
+def merge_timings(
+    left: dict[str, float] | None, right: dict[str, float] | None
+) -> dict[str, float]:
     """Per-phase wall times merge by key (idempotent: safe if applied twice)."""
     return {**(left or {}), **(right or {})}
 

@@ -28,11 +28,20 @@ from pathlib import Path
 from typing import Any
 
 from langchain_core.tools import BaseTool, tool
+
 from speceyes_tools.images import ImageStore, ResizeSpec
 from speceyes_tools.tesseract import OCRUnavailable, make_ocr_tool
 from speceyes_tools.vision import make_crop_tool, make_image_zoom_in_tool, make_zoom_tool
 
-__all__ = ["BUILTIN_TOOLSETS", "ToolSpec", "Toolset", "ToolsetError", "build_tools", "load_toolset", "register_tool"]
+__all__ = [
+    "BUILTIN_TOOLSETS",
+    "ToolSpec",
+    "Toolset",
+    "ToolsetError",
+    "build_tools",
+    "load_toolset",
+    "register_tool",
+]
 
 
 class ToolsetError(ValueError):
@@ -120,7 +129,9 @@ def _from_mapping(data: Mapping[str, Any], where: str) -> Toolset:
         if isinstance(entry, str):
             entry = {"name": entry}
         if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
-            raise ToolsetError(f"{where}: tools[{i}] needs a 'name' (a registered tool or module:attr)")
+            raise ToolsetError(
+                f"{where}: tools[{i}] needs a 'name' (a registered tool or module:attr)"
+            )
         settings = {k: v for k, v in entry.items() if k not in ("name", "settings")}
         settings.update(entry.get("settings") or {})
         specs.append(ToolSpec(entry["name"], settings))
@@ -158,23 +169,33 @@ def build_tools(
         try:
             if isinstance(target, BaseTool):
                 if settings:
-                    raise ToolsetError(f"tool {spec.name!r} is a ready-made tool and takes no settings: {sorted(settings)}")
+                    raise ToolsetError(
+                        f"tool {spec.name!r} is a ready-made tool and takes no settings: {sorted(settings)}"
+                    )
                 built = target
             elif callable(target):
                 params = inspect.signature(target).parameters
                 takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
                 if spec.name in _REGISTRY or _is_factory(target):
                     for key, value in (("resize", resize), ("store", store)):
-                        if value is not None and key not in settings and (key in params or takes_kwargs):
+                        if (
+                            value is not None
+                            and key not in settings
+                            and (key in params or takes_kwargs)
+                        ):
                             settings[key] = value
                     unknown = [k for k in settings if k not in params and not takes_kwargs]
                     if unknown:
                         allowed = [p for p in params if p not in ("store",)]
-                        raise ToolsetError(f"tool {spec.name!r} does not take {unknown}; it takes {allowed}")
+                        raise ToolsetError(
+                            f"tool {spec.name!r} does not take {unknown}; it takes {allowed}"
+                        )
                     built = target(**settings)
                 else:  # a plain function becomes a tool
                     if settings:
-                        raise ToolsetError(f"tool {spec.name!r} is a function and takes no settings: {sorted(settings)}")
+                        raise ToolsetError(
+                            f"tool {spec.name!r} is a function and takes no settings: {sorted(settings)}"
+                        )
                     built = tool(target)
             else:
                 raise ToolsetError(f"{spec.name!r} is neither a tool nor a tool factory")
@@ -183,9 +204,13 @@ def build_tools(
         except OCRUnavailable as exc:
             raise ToolsetError(f"tool {spec.name!r}: {exc}") from exc
         except (TypeError, ValueError) as exc:
-            raise ToolsetError(f"tool {spec.name!r}: bad settings {dict(spec.settings)}: {exc}") from exc
+            raise ToolsetError(
+                f"tool {spec.name!r}: bad settings {dict(spec.settings)}: {exc}"
+            ) from exc
         if not isinstance(built, BaseTool):
-            raise ToolsetError(f"tool {spec.name!r} did not produce a LangChain tool (got {type(built).__name__})")
+            raise ToolsetError(
+                f"tool {spec.name!r} did not produce a LangChain tool (got {type(built).__name__})"
+            )
         tools.append(built)
     names = [t.name for t in tools]
     duplicates = {n for n in names if names.count(n) > 1}
@@ -200,4 +225,8 @@ def _is_factory(obj: Any) -> bool:
         ret = inspect.signature(obj).return_annotation
     except (TypeError, ValueError):
         return False
-    return ret is BaseTool or (isinstance(ret, type) and issubclass(ret, BaseTool)) or ret in ("BaseTool",)
+    return (
+        ret is BaseTool
+        or (isinstance(ret, type) and issubclass(ret, BaseTool))
+        or ret in ("BaseTool",)
+    )

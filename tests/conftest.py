@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from PIL import Image
+
 from speceyes_tools import default_store
 
 

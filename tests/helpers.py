@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from langchain_core.messages import AIMessage
+
 from speceyes_graph.protocol import message_text
 from speceyes_graph.scripted import ScriptedChatModel, fake_logprobs
 
@@ -15,7 +16,9 @@ def question_of(messages) -> str:
 
 def judge(rule):
     """rule: a fixed answer, or a function of the prompt text."""
-    return ScriptedChatModel(respond=lambda msgs: rule(question_of(msgs)) if callable(rule) else rule)
+    return ScriptedChatModel(
+        respond=lambda msgs: rule(question_of(msgs)) if callable(rule) else rule
+    )
 
 
 def speculator(text="A", separability=9.0, logprobs=True):

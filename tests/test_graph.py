@@ -3,16 +3,17 @@ import operator
 from typing import Annotated
 
 import pytest
-from helpers import deepeyes_agent, judge, speculator
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
+from typing_extensions import TypedDict
+
+from helpers import deepeyes_agent, judge, speculator
 from speceyes_graph import GateConfig, create_speceyes_graph, parse_judge
 from speceyes_graph.scripted import ScriptedChatModel
 from speceyes_graph.separability import acceptance_score
 from speceyes_graph.state import merge_timings
-from typing_extensions import TypedDict
 
 
 def build(j="no", s=None, a=None, **kw):
@@ -28,7 +29,9 @@ def query(scene, q="What colour is the square?"):
 def test_speculative_route(scene):
     out = build("no", speculator("A", 9.0)).invoke(query(scene))
     assert out["route"] == "speculative" and out["answer"] == "A"
-    assert out["draft"]["accepted"] and out["draft"]["score"] == pytest.approx(acceptance_score(9.0), rel=1e-6)
+    assert out["draft"]["accepted"] and out["draft"]["score"] == pytest.approx(
+        acceptance_score(9.0), rel=1e-6
+    )
     assert out["agent_steps"] if "agent_steps" in out else True
     assert "agent" not in out["timings"] and {"judge", "speculate"} <= set(out["timings"])
     assert out["judge_output"] == "no" and out.get("error") is None
@@ -56,14 +59,26 @@ def test_gate_boundary_exactly_tau_is_rejected(scene):
     draft_score = at_tau["draft"]["score"]
     exact = build("no", speculator("A", 7.0), gate=GateConfig(tau=draft_score)).invoke(query(scene))
     assert exact["route"] == "rejected-agentic"
-    below = build("no", speculator("A", 7.0), gate=GateConfig(tau=draft_score - 1e-9)).invoke(query(scene))
+    below = build("no", speculator("A", 7.0), gate=GateConfig(tau=draft_score - 1e-9)).invoke(
+        query(scene)
+    )
     assert below["route"] == "speculative"
 
 
 @pytest.mark.parametrize(
     "text, tool_free",
-    [("no", True), ("No.", True), ("NO, tools add nothing", True), ("<think>easy</think>no", True),
-     ("yes", False), ("Yes.", False), ("maybe", False), ("", False), ("I think no", False), ("**no**", True)],
+    [
+        ("no", True),
+        ("No.", True),
+        ("NO, tools add nothing", True),
+        ("<think>easy</think>no", True),
+        ("yes", False),
+        ("Yes.", False),
+        ("maybe", False),
+        ("", False),
+        ("I think no", False),
+        ("**no**", True),
+    ],
 )
 def test_judge_parsing(text, tool_free):
     assert parse_judge(text) is tool_free
@@ -76,14 +91,22 @@ def test_judge_output_neither_yes_nor_no_routes_to_agent(scene):
 
 def test_mode_agent_is_the_baseline(scene):
     j, s = judge("no"), speculator()
-    out = create_speceyes_graph(judge=j, speculator=s, agent=deepeyes_agent(), mode="agent").compile().invoke(query(scene))
+    out = (
+        create_speceyes_graph(judge=j, speculator=s, agent=deepeyes_agent(), mode="agent")
+        .compile()
+        .invoke(query(scene))
+    )
     assert out["route"] == "agent-only" and out["answer"] == "B"
     assert j.calls == 0 and s.calls == 0
 
 
 def test_mode_small_never_falls_back(scene):
     a = deepeyes_agent()
-    out = create_speceyes_graph(speculator=speculator("A", 3.0), agent=a, mode="small").compile().invoke(query(scene))
+    out = (
+        create_speceyes_graph(speculator=speculator("A", 3.0), agent=a, mode="small")
+        .compile()
+        .invoke(query(scene))
+    )
     assert out["route"] == "draft-only" and out["answer"] == "A"
     assert out["draft"]["accepted"] is False  # score still recorded for offline sweeps
     assert a.calls == 0
@@ -95,9 +118,18 @@ def test_mode_small_never_falls_back(scene):
 
 def test_speculator_as_judge(scene):
     big_judge = judge("yes")
-    small = ScriptedChatModel(respond=lambda msgs: "no" if "yes or no" in str(msgs[-1].content) else AIMessage(
-        content="A", response_metadata=speculator().respond(msgs).response_metadata))
-    g = create_speceyes_graph(judge=big_judge, speculator=small, agent=deepeyes_agent(), speculator_as_judge=True)
+    small = ScriptedChatModel(
+        respond=lambda msgs: (
+            "no"
+            if "yes or no" in str(msgs[-1].content)
+            else AIMessage(
+                content="A", response_metadata=speculator().respond(msgs).response_metadata
+            )
+        )
+    )
+    g = create_speceyes_graph(
+        judge=big_judge, speculator=small, agent=deepeyes_agent(), speculator_as_judge=True
+    )
     out = g.compile().invoke(query(scene))
     assert big_judge.calls == 0 and small.calls == 2
     assert out["route"] == "speculative"
@@ -116,8 +148,13 @@ def test_speculator_error_falls_back_and_judge_error_fails_the_query(scene):
     out = build("no", ScriptedChatModel(respond=boom)).invoke(query(scene))
     assert out["route"] == "rejected-agentic" and "CUDA out of memory" in out["draft"]["error"]
     assert out["answer"] == "B"
-    failed = create_speceyes_graph(judge=ScriptedChatModel(respond=boom), speculator=speculator(),
-                                   agent=deepeyes_agent()).compile().invoke(query(scene))
+    failed = (
+        create_speceyes_graph(
+            judge=ScriptedChatModel(respond=boom), speculator=speculator(), agent=deepeyes_agent()
+        )
+        .compile()
+        .invoke(query(scene))
+    )
     assert failed["error"].startswith("judge: RuntimeError") and failed.get("answer") is None
 
 
@@ -141,7 +178,9 @@ def test_agent_model_error_fails_only_that_query(scene):
             raise RuntimeError("server returned 500")
         return "<answer>B</answer>"
 
-    g = create_speceyes_graph(judge=judge("yes"), speculator=speculator(), agent=ScriptedChatModel(respond=agent)).compile()
+    g = create_speceyes_graph(
+        judge=judge("yes"), speculator=speculator(), agent=ScriptedChatModel(respond=agent)
+    ).compile()
     outs = g.batch([query(scene, "boom?"), query(scene)])
     assert "server returned 500" in outs[0]["error"] and outs[0]["stop_reason"] == "error"
     assert outs[1]["answer"] == "B" and outs[1].get("error") is None
@@ -156,7 +195,10 @@ def test_async_invoke_and_batch(scene):
         return one, many
 
     one, many = asyncio.run(run())
-    assert one["route"] == "speculative" and [m["route"] for m in many] == ["speculative", "speculative"]
+    assert one["route"] == "speculative" and [m["route"] for m in many] == [
+        "speculative",
+        "speculative",
+    ]
     g2 = build("yes")
     assert asyncio.run(g2.ainvoke(query(scene)))["route"] == "judged-agentic"
 
@@ -172,8 +214,9 @@ def test_streaming_updates_show_routes_as_they_happen(scene):
 
 
 def test_checkpointer_and_private_keys(scene):
-    g = create_speceyes_graph(judge=judge("no"), speculator=speculator(), agent=deepeyes_agent()).compile(
-        checkpointer=InMemorySaver())
+    g = create_speceyes_graph(
+        judge=judge("no"), speculator=speculator(), agent=deepeyes_agent()
+    ).compile(checkpointer=InMemorySaver())
     cfg = {"configurable": {"thread_id": "q1"}}
     out = g.invoke(query(scene), cfg)
     assert "tool_free" not in out  # private key: in state, not in the output
@@ -193,13 +236,22 @@ def test_composition_inside_a_parent_graph(scene):
         timings: Annotated[dict, merge_timings]
         log: Annotated[list, operator.add]
 
-    speceyes = create_speceyes_graph(judge=judge("yes"), speculator=speculator(), agent=deepeyes_agent()).compile()
+    speceyes = create_speceyes_graph(
+        judge=judge("yes"), speculator=speculator(), agent=deepeyes_agent()
+    ).compile()
 
     def intake(state):
-        return {"question": state["messages"][-1].content, "log": ["intake"], "timings": {"intake": 0.1}}
+        return {
+            "question": state["messages"][-1].content,
+            "log": ["intake"],
+            "timings": {"intake": 0.1},
+        }
 
     def reply(state):
-        return {"messages": [AIMessage(content=f"Answer: {state['answer']} via {state['route']}")], "log": ["reply"]}
+        return {
+            "messages": [AIMessage(content=f"Answer: {state['answer']} via {state['route']}")],
+            "log": ["reply"],
+        }
 
     parent = StateGraph(Parent)
     parent.add_node("intake", intake)
@@ -209,7 +261,9 @@ def test_composition_inside_a_parent_graph(scene):
     parent.add_edge("intake", "speceyes")
     parent.add_edge("speceyes", "reply")
     parent.add_edge("reply", END)
-    out = parent.compile().invoke({"messages": [HumanMessage(content="What colour?")], "images": [scene], "log": []})
+    out = parent.compile().invoke(
+        {"messages": [HumanMessage(content="What colour?")], "images": [scene], "log": []}
+    )
     assert out["answer"] == "B" and out["route"] == "judged-agentic"
     assert [m.type for m in out["messages"]] == ["human", "ai"]  # no duplicated messages
     assert out["log"] == ["intake", "reply"]  # parent list reducer applied once per write
@@ -224,4 +278,6 @@ def test_state_is_serializable_for_checkpoints(scene):
 
     serde = JsonPlusSerializer()
     restored = serde.loads_typed(serde.dumps_typed(out))
-    assert restored["draft"]["text"] == "A" and len(restored["agent_messages"]) == len(out["agent_messages"])
+    assert restored["draft"]["text"] == "A" and len(restored["agent_messages"]) == len(
+        out["agent_messages"]
+    )

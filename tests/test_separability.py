@@ -3,6 +3,7 @@ import math
 import numpy as np
 import pytest
 import torch
+
 from speceyes_graph.scripted import fake_logprobs
 from speceyes_graph.separability import (
     GateConfig,
@@ -50,14 +51,25 @@ def test_logprobs_give_the_same_score_as_logits():
     logits = rng.normal(size=(7, 1000)) * 4
     logprobs = torch.log_softmax(torch.tensor(logits), dim=-1).numpy()
     content = to_openai(logprobs, 64)
-    np.testing.assert_allclose(token_separability_from_logprobs(content, 64), token_separability(logits, 64), rtol=1e-9)
+    np.testing.assert_allclose(
+        token_separability_from_logprobs(content, 64), token_separability(logits, 64), rtol=1e-9
+    )
     for agg in ("min", "mean", "bottom-q"):
-        assert answer_separability_from_logprobs(content, 64, agg) == pytest.approx(answer_separability(logits, 64, agg))
+        assert answer_separability_from_logprobs(content, 64, agg) == pytest.approx(
+            answer_separability(logits, 64, agg)
+        )
     # the bare list of entries works too, and so does a {token: logprob} mapping per token
     bare = content["content"]
-    assert answer_separability_from_logprobs(bare, 64) == pytest.approx(answer_separability(logits, 64))
-    mapping = [{e["token"] + str(j): e["logprob"] for j, e in enumerate(entry["top_logprobs"])} for entry in bare]
-    assert answer_separability_from_logprobs(mapping, 64) == pytest.approx(answer_separability(logits, 64))
+    assert answer_separability_from_logprobs(bare, 64) == pytest.approx(
+        answer_separability(logits, 64)
+    )
+    mapping = [
+        {e["token"] + str(j): e["logprob"] for j, e in enumerate(entry["top_logprobs"])}
+        for entry in bare
+    ]
+    assert answer_separability_from_logprobs(mapping, 64) == pytest.approx(
+        answer_separability(logits, 64)
+    )
 
 
 def test_shift_and_scale_invariance():
@@ -82,7 +94,9 @@ def test_k_larger_than_available():
     logits = np.random.default_rng(3).normal(size=(2, 10))
     with pytest.raises(SeparabilityError, match="only 10"):
         token_separability(logits, 64)
-    np.testing.assert_allclose(token_separability(logits, 64, clamp=True), [manual(r, 10) for r in logits])
+    np.testing.assert_allclose(
+        token_separability(logits, 64, clamp=True), [manual(r, 10) for r in logits]
+    )
     short = fake_logprobs(["a", "b"], [8.0, 8.0], k=20)
     with pytest.raises(SeparabilityError, match="--max-logprobs 64"):
         answer_separability_from_logprobs(short, 64)
@@ -180,8 +194,12 @@ def test_gate_config_evaluates_drafts():
     assert out["separability"] == pytest.approx(7.0, rel=1e-6)
     assert out["score"] == pytest.approx(acceptance_score(7.0))
     assert out["accepted"] is True
-    assert len(out["top_logprobs"][0]) == 64 and out["top_logprobs"][0] == sorted(out["top_logprobs"][0], reverse=True)
-    assert GateConfig(aggregation="mean").evaluate(lp)["separability"] == pytest.approx(8.0, rel=1e-6)
+    assert len(out["top_logprobs"][0]) == 64 and out["top_logprobs"][0] == sorted(
+        out["top_logprobs"][0], reverse=True
+    )
+    assert GateConfig(aggregation="mean").evaluate(lp)["separability"] == pytest.approx(
+        8.0, rel=1e-6
+    )
     low = GateConfig().evaluate(fake_logprobs(["x"], [4.0]))
     assert low["accepted"] is False
     soft = GateConfig(score="softmax", tau=0.5).evaluate(lp)

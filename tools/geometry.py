@@ -63,7 +63,9 @@ def parse_box(raw: object) -> tuple[float, float, float, float]:
     if not isinstance(raw, Sequence) or isinstance(raw, bytes):
         raise BoxError(f"bbox must be a list of 4 numbers [x1, y1, x2, y2], got {raw!r}")
     if len(raw) != 4:
-        raise BoxError(f"bbox must have exactly 4 numbers [x1, y1, x2, y2], got {len(raw)}: {list(raw)!r}")
+        raise BoxError(
+            f"bbox must have exactly 4 numbers [x1, y1, x2, y2], got {len(raw)}: {list(raw)!r}"
+        )
     values = []
     for v in raw:
         if isinstance(v, bool):

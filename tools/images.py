@@ -110,7 +110,9 @@ def _read_bytes(ref: str) -> bytes:
     if ref.startswith("mem://"):
         with _MEM_LOCK:
             if ref not in _MEM:
-                raise ImageLoadError(f"unknown in-memory image {ref!r} (register it with put_bytes)")
+                raise ImageLoadError(
+                    f"unknown in-memory image {ref!r} (register it with put_bytes)"
+                )
             return _MEM[ref]
     if ref.startswith("data:"):
         header, _, payload = ref.partition(",")
@@ -130,7 +132,9 @@ def _read_bytes(ref: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise ImageLoadError(f"could not read image file {str(path)!r}: {exc.strerror or exc}") from exc
+        raise ImageLoadError(
+            f"could not read image file {str(path)!r}: {exc.strerror or exc}"
+        ) from exc
 
 
 def load_image(ref: str) -> np.ndarray:
@@ -227,6 +231,7 @@ class ImageStore:
             self._cache.clear()
             self._views.clear()
             self._bytes = 0
+            self.decodes = 0
 
 
 _DEFAULT_STORE = ImageStore()

@@ -44,7 +44,9 @@ def check_tesseract(tesseract_cmd: str | None = None) -> str:
     return found
 
 
-def preprocess_for_ocr(region: np.ndarray, *, upscale_below: int = 1000, binarize: bool = True) -> tuple[np.ndarray, float]:
+def preprocess_for_ocr(
+    region: np.ndarray, *, upscale_below: int = 1000, binarize: bool = True
+) -> tuple[np.ndarray, float]:
     """Grayscale, upscale small regions (x2 or x3, cubic), Otsu. Returns (image, scale)."""
     gray = cv2.cvtColor(region, cv2.COLOR_RGB2GRAY) if region.ndim == 3 else region
     long_side = max(gray.shape[:2])
@@ -95,7 +97,9 @@ def ocr_array(
                 "confidence": round(conf, 1),
             }
         )
-        lines.setdefault((data["block_num"][i], data["par_num"][i], data["line_num"][i]), []).append(word)
+        lines.setdefault(
+            (data["block_num"][i], data["par_num"][i], data["line_num"][i]), []
+        ).append(word)
     text = "\n".join(" ".join(ws) for _, ws in sorted(lines.items()))
     return {"text": text, "words": words}
 
@@ -128,7 +132,11 @@ def make_ocr_tool(
         t0 = time.perf_counter()
         ref, image = query_image(state, image_index, store)
         h, w = image.shape[:2]
-        box = PixelBox(0, 0, w, h) if bbox is None else resolve_box(bbox, image, coordinates, resize, min_side)
+        box = (
+            PixelBox(0, 0, w, h)
+            if bbox is None
+            else resolve_box(bbox, image, coordinates, resize, min_side)
+        )
         result = ocr_array(
             crop_array(image, box),
             offset=(box.x1, box.y1),

@@ -75,9 +75,13 @@ def zoom_array(
     return cv2.resize(crop, (tw, th), interpolation=interp)
 
 
-def query_image(state: Any, image_index: int, store: ImageStore | None = None) -> tuple[str, np.ndarray]:
+def query_image(
+    state: Any, image_index: int, store: ImageStore | None = None
+) -> tuple[str, np.ndarray]:
     """The decoded image the model refers to, from the graph state's ``images`` list."""
-    images = (state or {}).get("images") if isinstance(state, dict) else getattr(state, "images", None)
+    images = (
+        (state or {}).get("images") if isinstance(state, dict) else getattr(state, "images", None)
+    )
     if not images:
         raise ToolException("no image is attached to this query (state['images'] is empty)")
     if isinstance(images, str):
@@ -136,7 +140,9 @@ class _DeepEyesArgs(BaseModel):
     state: Annotated[dict, InjectedState]
 
 
-def _image_result(name: str, out: np.ndarray, box: PixelBox, ref: str, t0: float, label: str | None = None):
+def _image_result(
+    name: str, out: np.ndarray, box: PixelBox, ref: str, t0: float, label: str | None = None
+):
     h, w = out.shape[:2]
     text = f"{name}: region {box.as_list()} of the original image, shown at {w}x{h}."
     if box.notes:
@@ -209,8 +215,12 @@ def make_zoom_tool(
         t0 = time.perf_counter()
         ref, image = query_image(state, image_index, store)
         h, w = image.shape[:2]
-        box = limit_aspect(resolve_box(bbox, image, coordinates, resize, min_side), w, h, max_aspect)
-        out = zoom_array(image, box, min_side=min_output_side, factor=resize.factor, max_pixels=max_output_pixels)
+        box = limit_aspect(
+            resolve_box(bbox, image, coordinates, resize, min_side), w, h, max_aspect
+        )
+        out = zoom_array(
+            image, box, min_side=min_output_side, factor=resize.factor, max_pixels=max_output_pixels
+        )
         return _image_result(name, out, box, ref, t0)
 
     return StructuredTool.from_function(
@@ -246,7 +256,9 @@ def make_image_zoom_in_tool(
         t0 = time.perf_counter()
         ref, image = query_image(state, 0, store)
         h, w = image.shape[:2]
-        box = limit_aspect(resolve_box(bbox_2d, image, coordinates, resize, min_side), w, h, max_aspect)
+        box = limit_aspect(
+            resolve_box(bbox_2d, image, coordinates, resize, min_side), w, h, max_aspect
+        )
         out = zoom_array(image, box, min_side=min_output_side, factor=28)
         return _image_result("image_zoom_in_tool", out, box, ref, t0, label)
 

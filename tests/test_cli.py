@@ -1,0 +1,50 @@
+import subprocess
+import sys
+
+
+def run(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "speceyes_graph.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_example_prints_every_route(tmp_path):
+    r = run("example", "--dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    lines = {
+        line.split()[0]: line.split()
+        for line in r.stdout.splitlines()
+        if line.startswith(("big-", "tiny-"))
+    }
+    assert lines["big-red"][1] == "speculative" and lines["tiny-blue"][1] == "judged-agentic"
+    assert lines["tiny-yellow"][1] == "rejected-agentic"
+    assert all(
+        row[3] == "yes" for row in lines.values()
+    )  # every answer right (the agent read the crops)
+    assert "SCRIPTED" in r.stdout
+
+
+def test_graph_drawing(tmp_path):
+    r = run("graph", "--format", "mermaid")
+    assert r.returncode == 0 and "subgraph agent_loop" in r.stdout and "judge" in r.stdout
+    r = run("graph", "--format", "ascii")
+    assert r.returncode == 0 and "speculate" in r.stdout and "tools" in r.stdout
+    out = tmp_path / "g.png"
+    r = run("graph", "--format", "png", "-o", str(out))
+    assert r.returncode == 0 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = run("graph", "--format", "mermaid", "--mode", "agent")
+    assert "speculate" not in r.stdout and "agent_loop" in r.stdout
+
+
+def test_png_without_graphviz(monkeypatch):
+    import shutil
+
+    from speceyes_graph.cli import _placeholder_graph
+    from speceyes_graph.drawing import draw
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    png = draw(_placeholder_graph("speceyes", "deepeyes"), "png")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
