@@ -10,7 +10,7 @@ from pathlib import Path
 from speceyes_graph import create_speceyes_graph
 from speceyes_graph.example import make_example_models, make_example_scenes
 
-queries = make_example_scenes(Path(tempfile.mkdtemp()))[:4:1][1:4]
+queries = make_example_scenes(Path(tempfile.mkdtemp()))[1:4]
 judge, speculator, agent = make_example_models()
 graph = create_speceyes_graph(judge=judge, speculator=speculator, agent=agent).compile()
 

@@ -22,5 +22,7 @@ if ! "$PY" -c "import torch, torchvision" >/dev/null 2>&1; then
   "$PY" -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
 fi
 
-"$PY" -m pip install -q -e ".[dev]"
+# The fast OCR engine (tesserocr) ships binary wheels for common platforms; without one,
+# the OCR tool falls back to pytesseract, so a failed install here is not an error.
+"$PY" -m pip install -q -e ".[dev,fast-ocr]" || "$PY" -m pip install -q -e ".[dev]"
 echo "setup: done ($("$PY" -c 'import torch, transformers, langgraph; print(f"torch {torch.__version__}, transformers {transformers.__version__}")'))"

@@ -303,10 +303,23 @@ def render_text(text, px, pad=20, scale_canvas=1):
     return np.asarray(img)
 
 
+ENGINES = [
+    "pytesseract",
+    pytest.param(
+        "tesserocr",
+        marks=pytest.mark.skipif(
+            __import__("importlib").util.find_spec("tesserocr") is None,
+            reason="tesserocr (fast-ocr extra) not installed",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("px", [12, 24])
-def test_ocr_reads_rendered_text(px):
+def test_ocr_reads_rendered_text(px, engine):
     arr = render_text("SPEED LIMIT 45 Main Street", px)
-    result = ocr_array(arr)
+    result = ocr_array(arr, engine=engine)
     words = {w["text"] for w in result["words"]}
     assert {"SPEED", "LIMIT", "45", "Main"} <= words, result["text"]
     first = next(w for w in result["words"] if w["text"] == "SPEED")
@@ -314,13 +327,14 @@ def test_ocr_reads_rendered_text(px):
     assert 10 <= x1 <= 30 and 10 <= y1 <= 30 + px and x2 > x1 and 0 <= first["confidence"] <= 100
 
 
-def test_ocr_tool_on_a_box_returns_original_coordinates(tmp_path):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_ocr_tool_on_a_box_returns_original_coordinates(tmp_path, engine):
     canvas = np.full((900, 1600, 3), 255, np.uint8)
     text = render_text("EXIT 12", 24)
     canvas[500 : 500 + text.shape[0], 700 : 700 + text.shape[1]] = text
     path = tmp_path / "sign.png"
     Image.fromarray(canvas).save(path)
-    tool = make_ocr_tool(coordinates="original")
+    tool = make_ocr_tool(coordinates="original", engine=engine)
     content, artifact = tool.func(state={"images": [str(path)]}, bbox=[650, 450, 1000, 620])
     data = json.loads(content)
     assert "EXIT" in data["text"]
@@ -332,7 +346,9 @@ def test_ocr_tool_on_a_box_returns_original_coordinates(tmp_path):
 def test_ocr_preprocessing_upscales_small_regions():
     small = render_text("tiny", 12)
     out, scale = preprocess_for_ocr(small)
-    assert scale == 3.0 and out.ndim == 2 and set(np.unique(out)) <= {0, 255}
+    assert scale == 3.0 and out.ndim == 2 and out.shape[0] == small.shape[0] * 3
+    binary, _ = preprocess_for_ocr(small, binarize=True)
+    assert set(np.unique(binary)) <= {0, 255}
     big = np.full((1200, 1600, 3), 255, np.uint8)
     assert preprocess_for_ocr(big)[1] == 1.0
 
