@@ -106,7 +106,7 @@ def ocr_preprocessing_table(n=12):
             False,
         ),
     }
-    print("OCR word recall on rendered text lines (n=%d per size):" % n)
+    print(f"OCR word recall on rendered text lines (n={n} per size):")
     print("  px  " + "".join(f"{name:>24}" for name in variants))
     for px in (8, 10, 12, 16, 24):
         rng = np.random.default_rng(px)
