@@ -61,6 +61,8 @@ def create_speceyes_graph(
     gate: GateConfig | None = None,
     speculator_as_judge: bool = False,
     max_agent_steps: int = DEFAULT_MAX_STEPS,
+    judge_max_tokens: int | None = 10,
+    draft_max_tokens: int | None = 20,
     protocol: Protocol | Literal["auto"] = "auto",
     prompts: Prompts | None = None,
     resize: ResizeSpec | None = None,
@@ -83,13 +85,20 @@ def create_speceyes_graph(
         speculator_as_judge: use the small model as the judge (the paper's ablation).
         protocol: ``deepeyes`` (tool calls as text), ``native`` (structured tool calls), or
             ``auto``: ``deepeyes`` when the toolset is exactly ``image_zoom_in_tool``.
-        resize: how the large model's processor resizes images (the frame of its boxes).
-        speculator_resize: the same for the small model (defaults to ``resize``).
+        judge_max_tokens, draft_max_tokens: generation lengths of phases I and II (the
+            published 10 and 20), passed to the models as ``max_tokens``; None leaves the
+            model's own setting.
+        resize: how the large model's processor resizes images (the frame of its boxes);
+            by default taken from the agent model when it exposes ``resize_spec``
+            (``ChatTransformersVLM`` does), else Qwen2.5-VL's defaults.
+        speculator_resize: the same for the small model.
     """
     gate = gate or GateConfig()
     prompts = prompts or Prompts()
-    resize = resize or ResizeSpec()
-    speculator_resize = speculator_resize or resize
+    resize = resize or getattr(agent, "resize_spec", None) or ResizeSpec()
+    speculator_resize = speculator_resize or getattr(speculator, "resize_spec", None) or resize
+    judge_kwargs = {"max_tokens": judge_max_tokens} if judge_max_tokens else {}
+    draft_kwargs = {"max_tokens": draft_max_tokens} if draft_max_tokens else {}
     if mode not in ("speceyes", "agent", "small"):
         raise ValueError(f"unknown mode {mode!r}; use 'speceyes', 'agent' or 'small'")
     needs_agent = mode in ("speceyes", "agent")
@@ -109,11 +118,13 @@ def create_speceyes_graph(
             text = (
                 format_question(state.get("question"), state.get("options")) + prompts.judge_suffix
             )
+            judge_resize = speculator_resize if speculator_as_judge else resize
             reply = judge_model.invoke(
                 [
                     SystemMessage(content=prompts.judge_system),
-                    user_message(state.get("images"), text, resize, store),
-                ]
+                    user_message(state.get("images"), text, judge_resize, store),
+                ],
+                **judge_kwargs,
             )
             output = message_text(reply).strip()
         except Exception as exc:
@@ -138,7 +149,8 @@ def create_speceyes_graph(
                 [
                     SystemMessage(content=prompts.speculator_system),
                     user_message(state.get("images"), text, speculator_resize, store),
-                ]
+                ],
+                **draft_kwargs,
             )
         except Exception as exc:
             if mode == "small":

@@ -1,0 +1,393 @@
+"""Tiny random Qwen-VL checkpoints built offline, for tests and demos without a model hub.
+
+``make_tiny_models(out)`` writes ``out/small`` (Qwen3-VL) and ``out/large`` (Qwen2.5-VL): real
+architectures, real processor classes and a Qwen-style chat template, but a few hundred
+thousand random weights, so the whole transformers path (``AutoProcessor``,
+``AutoModelForImageTextToText``, ``generate`` with logits, left-padded batches) runs on a CPU in
+seconds. The answers are noise; only the plumbing is real.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ADDED_TOKENS",
+    "QWEN_CHAT_TEMPLATE",
+    "SPECIAL_TOKENS",
+    "build_tokenizer",
+    "make_tiny_models",
+]
+
+# Special tokens in the order the real Qwen vocabularies list them (ids follow the BPE vocab).
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+# Tags the agent protocol parses; single tokens (as in Qwen) so they decode intact and cheaply.
+ADDED_TOKENS = (
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+    "<answer>",
+    "</answer>",
+)
+
+# Qwen2.5-VL's content rendering and default system prompt, plus Qwen2.5's tool block, tool
+# calls and grouped tool responses (Qwen2.5-VL's own template has no tools). Content may be a
+# string or a list of parts in any role, so a tool response can carry an image.
+QWEN_CHAT_TEMPLATE = (
+    "{%- set image_count = namespace(value=0) %}"
+    "{%- set video_count = namespace(value=0) %}"
+    "{%- macro render_content(content) %}"
+    "{%- if content is string %}{{- content }}"
+    "{%- elif content is none %}"
+    "{%- else %}"
+    "{%- for part in content %}"
+    "{%- if part is string %}{{- part }}"
+    "{%- elif part['type'] == 'image' or 'image' in part or 'image_url' in part %}"
+    "{%- set image_count.value = image_count.value + 1 %}"
+    "{%- if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif part['type'] == 'video' or 'video' in part %}"
+    "{%- set video_count.value = video_count.value + 1 %}"
+    "{%- if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{%- elif 'text' in part %}{{- part['text'] }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{%- endmacro %}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- set system_text = render_content(messages[0]['content']) %}"
+    "{%- set rest = messages[1:] %}"
+    "{%- else %}"
+    "{%- set system_text = 'You are a helpful assistant.' %}"
+    "{%- set rest = messages %}"
+    "{%- endif %}"
+    "{{- '<|im_start|>system\\n' + system_text }}"
+    "{%- if tools %}"
+    "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query."
+    "\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+    '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call>\' }}'
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- for message in rest %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{%- if loop.first or rest[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{- '<|im_start|>user' }}"
+    "{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + render_content(message['content']) + '\\n</tool_response>' }}"
+    "{%- if loop.last or rest[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and message.get('tool_calls') %}"
+    "{{- '<|im_start|>assistant' }}"
+    "{%- set text = render_content(message['content']) %}"
+    "{%- if text %}{{- '\\n' + text }}{%- endif %}"
+    "{%- for tool_call in message['tool_calls'] %}"
+    "{%- if tool_call['function'] is defined %}{%- set tool_call = tool_call['function'] %}"
+    "{%- endif %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + tool_call['name'] + '\", \"arguments\": ' }}"
+    "{%- if tool_call['arguments'] is string %}{{- tool_call['arguments'] }}"
+    "{%- else %}{{- tool_call['arguments'] | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + render_content(message['content'])"
+    " + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Text the BPE is trained on: enough English, digits, punctuation and tool-call JSON that
+# prompts tokenize into a few tokens per word instead of one per byte.
+_CORPUS_LINES = (
+    "You are a helpful assistant.",
+    "You are a helpful assistant. Output only the final answer itself.",
+    "Do not include explanations, reasoning, labels, or any extra text.",
+    "You decide based on answer reliability.",
+    'Answer "yes" if using a tool would significantly improve correctness or confidence.',
+    'Answer "no" if tools would add little or no value. Output only "yes" or "no".',
+    "Would tools significantly improve answer reliability? yes or no.",
+    "Think first, call image_zoom_in_tool if needed, then answer. Format strictly as:",
+    "What is the color of the small square near the corner of the image?",
+    "What is the colour of the object? Answer with the option's letter from the given choices.",
+    "Question: Which object is on the left? Options: A. red B. blue C. green D. yellow",
+    "Answer: A",
+    "Answer: B",
+    "Answer: C",
+    "Answer: D",
+    "The answer is yes. The answer is no. The answer is red, blue, green or yellow.",
+    "red blue green yellow black white orange purple pink brown gray grey",
+    "yes no Yes No YES NO A B C D E F true false null none",
+    "left right top bottom up down above below near far small large big tiny",
+    "image picture photo region box crop zoom label object text sign number count",
+    "the a an of in on at to for with by from is are was were be it this that",
+    "what which where when who how why many much there here",
+    "0 1 2 3 4 5 6 7 8 9 10 12 20 25 32 50 64 99 100 128 200 256 480 512 640 720 1000 1280",
+    "3.14 0.5 1.0 -1 +1 10% $5 #1 @user a_b x-y (1, 2) [3, 4] {5: 6} <7> 8/9 10\\11",
+    ". , ; : ! ? ' \" ` ~ - _ = + * & ^ % $ # @ | / \\ ( ) [ ] { } < >",
+    '{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [1, 2, 3, 4]}}',
+    '{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [10, 20, 100, 200], "label": '
+    '"the apple on the desk"}}',
+    '{"type": "function", "function": {"name": "image_zoom_in_tool", "description": "Zoom in '
+    'on a specific region of an image by cropping it based on a bounding box.", "parameters": '
+    '{"type": "object", "properties": {"bbox_2d": {"type": "array", "items": {"type": '
+    '"number"}}, "label": {"type": "string"}}, "required": ["bbox_2d"]}}}',
+    '{"name": "ocr", "arguments": {"bbox_2d": [0, 0, 640, 480]}}',
+    '{"name": "rotate", "arguments": {"angle": 90}}',
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n",
+    "You are provided with function signatures within XML tags:\n",
+    "For each function call, return a json object with function name and arguments.\n",
+    "Zoomed image of the region. The crop shows a red square.\n",
+    "Hello world! How are you today? I am fine, thank you.\n",
+    "The quick brown fox jumps over the lazy dog.\n",
+    "  indented line\n\ttabbed line\n\n",
+)
+
+
+def _corpus() -> list[str]:
+    """The training text, repeated so frequent pieces win merges deterministically."""
+    return [line for _ in range(4) for line in _CORPUS_LINES]
+
+
+def build_tokenizer(vocab_size: int = 768) -> Any:
+    """Train a byte-level BPE locally and wrap it as a ``Qwen2Tokenizer``.
+
+    It uses Qwen2's exact normalizer / pre-tokenizer / decoder, because transformers 5 rebuilds
+    a ``Qwen2Tokenizer`` from vocab + merges on load: any other pipeline would silently change
+    after a save/load round trip. The full byte alphabet makes every string encodable, and the
+    ByteLevel decoder makes ``decode(encode(s)) == s``. Left padding is set here, and saved,
+    because batched generation with right padding appends after the pad tokens.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import AddedToken, Qwen2Tokenizer
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    bpe = Tokenizer(models.BPE())
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+        special_tokens=[],
+    )
+    bpe.train_from_iterator(_corpus(), trainer=trainer)
+    model = bpe.to_str()
+    import json
+
+    bpe_json = json.loads(model)["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in bpe_json["merges"]]
+    vocab = dict(bpe_json["vocab"])
+    for t in SPECIAL_TOKENS + ADDED_TOKENS:
+        vocab[t] = len(vocab)
+    tok = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=merges,
+        unk_token=None,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        padding_side="left",
+        model_max_length=32768,
+        clean_up_tokenization_spaces=False,
+        errors="replace",
+    )
+    tok.add_special_tokens(
+        {"additional_special_tokens": [AddedToken(t, special=True) for t in SPECIAL_TOKENS]}
+    )
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
+    tok.chat_template = QWEN_CHAT_TEMPLATE
+    tok.padding_side = "left"
+    return tok
+
+
+def _token_ids(tok: Any) -> dict[str, int]:
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    return {
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+    }
+
+
+# Text tower shared by both sizes. head_dim 16 -> mrope_section must sum to head_dim / 2 = 8.
+_TEXT = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+}
+_MROPE_SECTION = [2, 3, 3]
+
+
+def _large_config(tok: Any) -> Any:
+    """Qwen2.5-VL: windowed ViT (patch 14), vision out_hidden_size = text hidden size."""
+    from transformers import Qwen2_5_VLConfig
+
+    ids = _token_ids(tok)
+    specials = {k: ids.pop(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    text = {
+        **_TEXT,
+        **specials,
+        "vocab_size": len(tok),
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 1_000_000.0,
+            "mrope_section": list(_MROPE_SECTION),
+        },
+    }
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": _TEXT["hidden_size"],
+        "window_size": 112,
+        "fullatt_block_indexes": [1],
+        "tokens_per_second": 2,
+    }
+    return Qwen2_5_VLConfig(
+        text_config=text, vision_config=vision, tie_word_embeddings=True, **ids
+    )
+
+
+def _small_config(tok: Any) -> Any:
+    """Qwen3-VL: patch-16 ViT with learned positions (a square count) and one deepstack layer."""
+    from transformers import Qwen3VLConfig
+
+    ids = _token_ids(tok)
+    specials = {k: ids.pop(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    text = {
+        **_TEXT,
+        **specials,
+        "head_dim": _TEXT["hidden_size"] // _TEXT["num_attention_heads"],
+        "vocab_size": len(tok),
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 5_000_000.0,
+            "mrope_section": list(_MROPE_SECTION),
+            "mrope_interleaved": True,
+        },
+    }
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": _TEXT["hidden_size"],
+        "num_position_embeddings": 64,  # an 8x8 grid, bilinearly interpolated to any image
+        "deepstack_visual_indexes": [0],
+    }
+    return Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
+
+
+def _processor(kind: str, tok: Any, min_pixels: int, max_pixels: int) -> Any:
+    """The real processor classes, with pixel budgets tiny enough for CPU tests.
+
+    transformers 5 reads the budget from ``size={"shortest_edge": min_pixels, "longest_edge":
+    max_pixels}`` (``min_pixels``/``max_pixels`` kwargs are only a constructor shim), so ``size``
+    is what gets saved and must carry the budget.
+    """
+    from transformers import (
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+        Qwen3VLProcessor,
+        Qwen3VLVideoProcessor,
+    )
+
+    patch = 14 if kind == "large" else 16
+    geometry = {"patch_size": patch, "merge_size": 2, "temporal_patch_size": 2}
+    size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
+    image_processor = Qwen2VLImageProcessor(size=dict(size), **geometry)
+    video_cls = Qwen2VLVideoProcessor if kind == "large" else Qwen3VLVideoProcessor
+    video_processor = video_cls(
+        size={"shortest_edge": min_pixels, "longest_edge": 4 * max_pixels}, **geometry
+    )
+    proc_cls = Qwen2_5_VLProcessor if kind == "large" else Qwen3VLProcessor
+    return proc_cls(
+        image_processor=image_processor,
+        tokenizer=tok,
+        video_processor=video_processor,
+        chat_template=QWEN_CHAT_TEMPLATE,
+    )
+
+
+def make_tiny_models(
+    out_dir: str | Path, *, seed: int = 0, image_max_pixels: int = 112 * 112 * 4
+) -> dict[str, Path]:
+    """Write ``out_dir/small`` (Qwen3-VL) and ``out_dir/large`` (Qwen2.5-VL); return their paths.
+
+    Deterministic for a given ``seed`` (same bytes on disk), so tests can compare runs.
+    ``image_max_pixels`` caps the large model's image area; the small model gets the same
+    number of vision tokens (its patches are 16 px instead of 14, hence the 256/196 factor).
+    """
+    import torch
+    from transformers import (
+        GenerationConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen3VLForConditionalGeneration,
+    )
+
+    out = Path(out_dir)
+    tok = build_tokenizer()
+    ids = _token_ids(tok)
+    budgets = {
+        "large": (56 * 56, image_max_pixels),
+        "small": (64 * 64, image_max_pixels * 256 // 196),
+    }
+    builders = {
+        "small": (_small_config, Qwen3VLForConditionalGeneration),
+        "large": (_large_config, Qwen2_5_VLForConditionalGeneration),
+    }
+    paths: dict[str, Path] = {}
+    for kind, (make_config, model_cls) in builders.items():
+        path = out / kind
+        torch.manual_seed(seed)
+        model = model_cls(make_config(tok)).eval()
+        model.generation_config = GenerationConfig(
+            bos_token_id=ids["bos_token_id"],
+            eos_token_id=[ids["eos_token_id"], ids["pad_token_id"]],
+            pad_token_id=ids["pad_token_id"],
+            do_sample=False,
+        )
+        model.save_pretrained(path)
+        _processor(kind, tok, *budgets[kind]).save_pretrained(path)
+        paths[kind] = path
+    return paths
