@@ -150,7 +150,9 @@ class BatchScheduler:
         try:
             results = list(self.run_batch(key, [r.payload for r in batch]))
             if len(results) != len(batch):
-                raise RuntimeError(f"run_batch returned {len(results)} results for {len(batch)} requests")
+                raise RuntimeError(
+                    f"run_batch returned {len(results)} results for {len(batch)} requests"
+                )
         except Exception as exc:
             if len(batch) == 1:
                 batch[0].future.set_exception(exc)

@@ -31,10 +31,11 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
+
 from speceyes_tools.images import ResizeSpec, load_image
 
 from .batching import BatchScheduler
-from .protocol import message_text, parse_deepeyes
+from .protocol import parse_deepeyes
 
 __all__ = ["ChatTransformersVLM", "to_hf_messages"]
 
@@ -47,7 +48,11 @@ def _block_image(block: dict) -> np.ndarray | None:
     """Pixels of a LangChain / OpenAI image content block, or None if it is not an image."""
     kind = block.get("type")
     if kind == "image_url":
-        url = block["image_url"]["url"] if isinstance(block.get("image_url"), dict) else block.get("image_url")
+        url = (
+            block["image_url"]["url"]
+            if isinstance(block.get("image_url"), dict)
+            else block.get("image_url")
+        )
         return load_image(url)
     if kind != "image":
         return None
@@ -60,7 +65,9 @@ def _block_image(block: dict) -> np.ndarray | None:
     if block.get("data") is not None:  # raw bytes
         raw = block["data"]
         return load_image("data:image/png;base64," + base64.b64encode(raw).decode())
-    raise ValueError(f"unsupported image block: { {k: v for k, v in block.items() if k != 'base64'} }")
+    raise ValueError(
+        f"unsupported image block: { {k: v for k, v in block.items() if k != 'base64'} }"
+    )
 
 
 def to_hf_messages(messages: Sequence[BaseMessage]) -> tuple[list[dict], list[np.ndarray]]:
@@ -87,7 +94,8 @@ def to_hf_messages(messages: Sequence[BaseMessage]) -> tuple[list[dict], list[np
         entry: dict[str, Any] = {"role": role, "content": parts}
         if role == "assistant" and getattr(m, "tool_calls", None):
             entry["tool_calls"] = [
-                {"type": "function", "function": {"name": c["name"], "arguments": c["args"]}} for c in m.tool_calls
+                {"type": "function", "function": {"name": c["name"], "arguments": c["args"]}}
+                for c in m.tool_calls
             ]
         out.append(entry)
     return out, images
@@ -103,7 +111,9 @@ class ChatTransformersVLM(BaseChatModel):
     """
 
     model: str = Field(description="Local path or hub id of the checkpoint.")
-    top_logprobs: int | None = Field(default=None, description="Return the top-K log-probs of each token.")
+    top_logprobs: int | None = Field(
+        default=None, description="Return the top-K log-probs of each token."
+    )
     max_new_tokens: int = 512
     temperature: float = 0.0
     stop: list[str] | None = None
@@ -128,9 +138,13 @@ class ChatTransformersVLM(BaseChatModel):
 
         self._processor = AutoProcessor.from_pretrained(self.model, **self.processor_kwargs)
         tokenizer = self._processor.tokenizer
-        tokenizer.padding_side = "left"  # generation needs left padding; many checkpoints save "right"
+        tokenizer.padding_side = (
+            "left"  # generation needs left padding; many checkpoints save "right"
+        )
         has_cuda = torch.cuda.is_available()
-        kwargs: dict[str, Any] = {"dtype": self.dtype if self.dtype != "auto" else ("auto" if has_cuda else torch.float32)}
+        kwargs: dict[str, Any] = {
+            "dtype": self.dtype if self.dtype != "auto" else ("auto" if has_cuda else torch.float32)
+        }
         if self.device_map or has_cuda:
             kwargs["device_map"] = self.device_map or "auto"
         if self.attn_implementation:
@@ -138,7 +152,10 @@ class ChatTransformersVLM(BaseChatModel):
         kwargs.update(self.model_kwargs)
         self._hf_model = AutoModelForImageTextToText.from_pretrained(self.model, **kwargs).eval()
         self._scheduler = BatchScheduler(
-            self._run_batch, max_batch_size=self.max_batch_size, max_wait_s=self.max_wait_ms / 1000, name=f"batcher:{self.model}"
+            self._run_batch,
+            max_batch_size=self.max_batch_size,
+            max_wait_s=self.max_wait_ms / 1000,
+            name=f"batcher:{self.model}",
         )
 
     @property
@@ -147,7 +164,11 @@ class ChatTransformersVLM(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {"model": self.model, "max_new_tokens": self.max_new_tokens, "top_logprobs": self.top_logprobs}
+        return {
+            "model": self.model,
+            "max_new_tokens": self.max_new_tokens,
+            "top_logprobs": self.top_logprobs,
+        }
 
     @property
     def hf_model(self) -> Any:
@@ -168,11 +189,17 @@ class ChatTransformersVLM(BaseChatModel):
         ip = self._processor.image_processor
         size = getattr(ip, "size", None) or {}
         factor = int(ip.patch_size * getattr(ip, "merge_size", 2))
-        min_pixels = int(size.get("shortest_edge") or getattr(ip, "min_pixels", None) or factor * factor)
-        max_pixels = int(size.get("longest_edge") or getattr(ip, "max_pixels", None) or 1280 * factor * factor)
+        min_pixels = int(
+            size.get("shortest_edge") or getattr(ip, "min_pixels", None) or factor * factor
+        )
+        max_pixels = int(
+            size.get("longest_edge") or getattr(ip, "max_pixels", None) or 1280 * factor * factor
+        )
         return ResizeSpec(factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
 
-    def bind_tools(self, tools: Sequence[BaseTool | dict | Any], **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
+    def bind_tools(
+        self, tools: Sequence[BaseTool | dict | Any], **kwargs: Any
+    ) -> Runnable[LanguageModelInput, AIMessage]:
         """Declare tools in the prompt through the checkpoint's chat template (as trained)."""
         return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
 
@@ -207,7 +234,10 @@ class ChatTransformersVLM(BaseChatModel):
         for key in keys:
             values = [p["inputs"].get(key) for p in prepared]
             first = next(v for v in values if v is not None)
-            sequence_aligned = all(v is not None and v.ndim == 2 and v.shape[1] == n for v, n in zip(values, lengths, strict=True))
+            sequence_aligned = all(
+                v is not None and v.ndim == 2 and v.shape[1] == n
+                for v, n in zip(values, lengths, strict=True)
+            )
             if sequence_aligned:
                 fill = pad_id if key == "input_ids" else 0
                 padded = first.new_full((len(prepared), longest), fill)
@@ -248,15 +278,21 @@ class ChatTransformersVLM(BaseChatModel):
                 logprobs = torch.log_softmax(logits.float(), dim=-1)
                 values, ids = torch.topk(logprobs, int(top_k), dim=-1)
                 step_top.append((values.cpu(), ids.cpu(), logprobs))
-        eos = set(_as_list(self._hf_model.generation_config.eos_token_id)) | {tokenizer.pad_token_id}
+        eos = set(_as_list(self._hf_model.generation_config.eos_token_id)) | {
+            tokenizer.pad_token_id
+        }
         results = []
         for b, tokens in enumerate(generated):
             results.append(self._decode(b, tokens, eos, stops, step_top, prepared[b]["tools"]))
         return results
 
-    def _decode(self, b: int, tokens: list[int], eos: set, stops: tuple, step_top, tools: bool) -> AIMessage:
+    def _decode(
+        self, b: int, tokens: list[int], eos: set, stops: tuple, step_top, tools: bool
+    ) -> AIMessage:
         tokenizer = self._processor.tokenizer
-        n = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))  # up to the first eos/pad
+        n = next(
+            (i for i, t in enumerate(tokens) if t in eos), len(tokens)
+        )  # up to the first eos/pad
         finish = "stop" if n < len(tokens) else "length"
         tokens = tokens[:n]
         pieces = [tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
@@ -283,13 +319,17 @@ class ChatTransformersVLM(BaseChatModel):
                     {"token": tokenizer.decode([int(i)]), "logprob": float(v)}
                     for v, i in zip(values[b].tolist(), ids[b].tolist(), strict=True)
                 ]
-                content.append({"token": pieces[t], "logprob": float(full[b, chosen]), "top_logprobs": top})
+                content.append(
+                    {"token": pieces[t], "logprob": float(full[b, chosen]), "top_logprobs": top}
+                )
             metadata["logprobs"] = {"content": content}
         message = AIMessage(content=text, response_metadata=metadata)
         if tools and self.parse_tool_calls and "<tool_call>" in text:
             parsed = parse_deepeyes(text)
             if parsed.answer is None and parsed.tool_calls:
-                message = AIMessage(content=text, tool_calls=parsed.tool_calls, response_metadata=metadata)
+                message = AIMessage(
+                    content=text, tool_calls=parsed.tool_calls, response_metadata=metadata
+                )
         return message
 
     # --- LangChain entry points ------------------------------------------------------------
@@ -333,12 +373,16 @@ class ChatTransformersVLM(BaseChatModel):
         prepared: list[Any] = []
         for item in inputs:
             try:
-                prepared.append(self._prepare(self._convert_input(item).to_messages(), extra["tools"]))
+                prepared.append(
+                    self._prepare(self._convert_input(item).to_messages(), extra["tools"])
+                )
             except Exception as exc:
                 if not return_exceptions:
                     raise
                 prepared.append(exc)
-        futures = self.scheduler.submit_many(key, [p for p in prepared if not isinstance(p, Exception)])
+        futures = self.scheduler.submit_many(
+            key, [p for p in prepared if not isinstance(p, Exception)]
+        )
         results: list[Any] = []
         it = iter(futures)
         for p in prepared:

@@ -27,6 +27,7 @@ class ScriptedChatModel(BaseChatModel):
     respond: Callable[[list[BaseMessage]], Any]
     calls: int = 0
     bound_tools: list[Any] = []
+    call_kwargs: list[dict[str, Any]] = []  # generation kwargs of each call, e.g. max_tokens
 
     @property
     def _llm_type(self) -> str:
@@ -40,6 +41,7 @@ class ScriptedChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         self.calls += 1
+        self.call_kwargs.append({"stop": stop, **kwargs})
         out = self.respond(messages)
         message = out if isinstance(out, AIMessage) else AIMessage(content=str(out))
         return ChatResult(generations=[ChatGeneration(message=message)])

@@ -37,6 +37,20 @@ def test_speculative_route(scene):
     assert out["judge_output"] == "no" and out.get("error") is None
 
 
+def test_phases_ask_for_the_published_lengths(scene):
+    j, s = judge("no"), speculator("A", 9.0)
+    create_speceyes_graph(judge=j, speculator=s, agent=deepeyes_agent()).compile().invoke(
+        query(scene)
+    )
+    assert j.call_kwargs[0]["max_tokens"] == 10 and s.call_kwargs[0]["max_tokens"] == 20
+    j2 = judge("no")
+    g = create_speceyes_graph(
+        judge=j2, speculator=speculator(), agent=deepeyes_agent(), judge_max_tokens=None
+    )
+    g.compile().invoke(query(scene))
+    assert "max_tokens" not in j2.call_kwargs[0]
+
+
 def test_judged_agentic_route(scene):
     spec = speculator("A", 9.0)
     out = build("yes", spec).invoke(query(scene))
