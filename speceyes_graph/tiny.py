@@ -9,6 +9,7 @@ seconds. The answers are noise; only the plumbing is real.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +163,7 @@ _CORPUS_LINES = (
 
 
 def _corpus() -> list[str]:
-    """The training text, repeated so frequent pieces win merges deterministically."""
+    """The training text, repeated so every piece clears the trainer's ``min_frequency``."""
     return [line for _ in range(4) for line in _CORPUS_LINES]
 
 
@@ -196,10 +197,7 @@ def build_tokenizer(vocab_size: int = 768) -> Any:
         special_tokens=[],
     )
     bpe.train_from_iterator(_corpus(), trainer=trainer)
-    model = bpe.to_str()
-    import json
-
-    bpe_json = json.loads(model)["model"]
+    bpe_json = json.loads(bpe.to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in bpe_json["merges"]]
     vocab = dict(bpe_json["vocab"])
     for t in SPECIAL_TOKENS + ADDED_TOKENS:
@@ -221,7 +219,6 @@ def build_tokenizer(vocab_size: int = 768) -> Any:
     )
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
     tok.chat_template = QWEN_CHAT_TEMPLATE
-    tok.padding_side = "left"
     return tok
 
 
@@ -279,9 +276,7 @@ def _large_config(tok: Any) -> Any:
         "fullatt_block_indexes": [1],
         "tokens_per_second": 2,
     }
-    return Qwen2_5_VLConfig(
-        text_config=text, vision_config=vision, tie_word_embeddings=True, **ids
-    )
+    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
 
 
 def _small_config(tok: Any) -> Any:
