@@ -247,7 +247,7 @@ _TEXT = {
 _MROPE_SECTION = [2, 3, 3]
 
 
-def _large_config(tok: Any) -> Any:
+def _large_config(tok: Any, init_std: float = 0.02) -> Any:
     """Qwen2.5-VL: windowed ViT (patch 14), vision out_hidden_size = text hidden size."""
     from transformers import Qwen2_5_VLConfig
 
@@ -276,10 +276,17 @@ def _large_config(tok: Any) -> Any:
         "fullatt_block_indexes": [1],
         "tokens_per_second": 2,
     }
-    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
+    text["initializer_range"] = vision["initializer_range"] = init_std
+    return Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        tie_word_embeddings=True,
+        initializer_range=init_std,
+        **ids,
+    )
 
 
-def _small_config(tok: Any) -> Any:
+def _small_config(tok: Any, init_std: float = 0.02) -> Any:
     """Qwen3-VL: patch-16 ViT with learned positions (a square count) and one deepstack layer."""
     from transformers import Qwen3VLConfig
 
@@ -309,6 +316,7 @@ def _small_config(tok: Any) -> Any:
         "num_position_embeddings": 64,  # an 8x8 grid, bilinearly interpolated to any image
         "deepstack_visual_indexes": [0],
     }
+    text["initializer_range"] = vision["initializer_range"] = init_std
     return Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
 
 
@@ -345,13 +353,20 @@ def _processor(kind: str, tok: Any, min_pixels: int, max_pixels: int) -> Any:
 
 
 def make_tiny_models(
-    out_dir: str | Path, *, seed: int = 0, image_max_pixels: int = 112 * 112 * 4
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    image_max_pixels: int = 112 * 112 * 4,
+    init_std: float = 0.3,
 ) -> dict[str, Path]:
     """Write ``out_dir/small`` (Qwen3-VL) and ``out_dir/large`` (Qwen2.5-VL); return their paths.
 
     Deterministic for a given ``seed`` (same bytes on disk), so tests can compare runs.
     ``image_max_pixels`` caps the large model's image area; the small model gets the same
     number of vision tokens (its patches are 16 px instead of 14, hence the 256/196 factor).
+    ``init_std`` is large on purpose: with the usual 0.02 a random model's next-token
+    distribution is flat and greedy decoding repeats one token whatever the input, which
+    would make batched-vs-unbatched and routing tests vacuous.
     """
     import torch
     from transformers import (
@@ -375,7 +390,7 @@ def make_tiny_models(
     for kind, (make_config, model_cls) in builders.items():
         path = out / kind
         torch.manual_seed(seed)
-        model = model_cls(make_config(tok)).eval()
+        model = model_cls(make_config(tok, init_std)).eval()
         model.generation_config = GenerationConfig(
             bos_token_id=ids["bos_token_id"],
             eos_token_id=[ids["eos_token_id"], ids["pad_token_id"]],

@@ -39,3 +39,24 @@ def gradient_image(tmp_path):
     path = tmp_path / "gradient.png"
     Image.fromarray(arr).save(path)
     return str(path), arr
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """Tiny random Qwen3-VL (small) and Qwen2.5-VL (large) checkpoints, built offline."""
+    from speceyes_graph.tiny import make_tiny_models
+
+    return make_tiny_models(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_chat(tiny_models):
+    """ChatTransformersVLM instances over the tiny checkpoints (loaded once per session)."""
+    from speceyes_graph.models import ChatTransformersVLM
+
+    return {
+        "small": ChatTransformersVLM(
+            model=str(tiny_models["small"]), top_logprobs=16, max_new_tokens=6
+        ),
+        "large": ChatTransformersVLM(model=str(tiny_models["large"]), max_new_tokens=12),
+    }

@@ -33,11 +33,6 @@ TOOLS = [
 
 
 @pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory):
-    return make_tiny_models(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="session")
 def loaded(tiny_models):
     """Load each checkpoint once: loading is most of the cost of the generation tests."""
     return {
