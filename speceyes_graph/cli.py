@@ -41,6 +41,16 @@ def cmd_example(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_make_tiny_models(args: argparse.Namespace) -> int:
+    from .tiny import make_tiny_models
+
+    paths = make_tiny_models(args.dir, seed=args.seed)
+    for kind, path in paths.items():
+        size = sum(f.stat().st_size for f in Path(path).iterdir()) / 2**20
+        print(f"{kind}: {path} ({size:.1f} MiB)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="speceyes", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -55,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("example", help="run the built-in offline example (scripted models)")
     p.add_argument("--dir", help="where to write the example images (default: a temp folder)")
     p.set_defaults(func=cmd_example)
+
+    p = sub.add_parser(
+        "make-tiny-models",
+        help="build tiny random Qwen3-VL (DIR/small) and Qwen2.5-VL (DIR/large) checkpoints offline",
+    )
+    p.add_argument("dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_make_tiny_models)
     return parser
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = ["ChatTransformersVLM", "to_hf_messages"]
 log = logging.getLogger(__name__)
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
+_PRELOADED = threading.local()  # hands a built model to __init__ (see from_components)
 
 
 def _block_image(block: dict) -> np.ndarray | None:
@@ -132,10 +134,25 @@ class ChatTransformersVLM(BaseChatModel):
     _processor: Any = PrivateAttr(default=None)
     _scheduler: BatchScheduler | None = PrivateAttr(default=None)
 
+    @classmethod
+    def from_components(cls, hf_model: Any, processor: Any, **kwargs: Any) -> ChatTransformersVLM:
+        """Wrap an already-built model and processor (e.g. random full-size weights on a GPU)."""
+        _PRELOADED.value = (hf_model, processor)
+        try:
+            return cls(model=kwargs.pop("model", type(hf_model).__name__), **kwargs)
+        finally:
+            _PRELOADED.value = None
+
     def model_post_init(self, context: Any) -> None:
         import torch
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
+        preloaded = getattr(_PRELOADED, "value", None)
+        if preloaded is not None:
+            self._hf_model, self._processor = preloaded
+            self._processor.tokenizer.padding_side = "left"
+            self._start_scheduler()
+            return
         self._processor = AutoProcessor.from_pretrained(self.model, **self.processor_kwargs)
         tokenizer = self._processor.tokenizer
         tokenizer.padding_side = (
@@ -151,6 +168,9 @@ class ChatTransformersVLM(BaseChatModel):
             kwargs["attn_implementation"] = self.attn_implementation
         kwargs.update(self.model_kwargs)
         self._hf_model = AutoModelForImageTextToText.from_pretrained(self.model, **kwargs).eval()
+        self._start_scheduler()
+
+    def _start_scheduler(self) -> None:
         self._scheduler = BatchScheduler(
             self._run_batch,
             max_batch_size=self.max_batch_size,

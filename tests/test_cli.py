@@ -48,3 +48,11 @@ def test_png_without_graphviz(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     png = draw(_placeholder_graph("speceyes", "deepeyes"), "png")
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+def test_make_tiny_models(tmp_path):
+    r = run("make-tiny-models", str(tmp_path / "m"))
+    assert r.returncode == 0, r.stderr
+    assert "small:" in r.stdout and "large:" in r.stdout
+    assert (tmp_path / "m" / "small" / "config.json").exists()
+    assert (tmp_path / "m" / "large" / "model.safetensors").exists()
