@@ -51,6 +51,120 @@ def cmd_make_tiny_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_chat_model(
+    spec: str, role: str, *, top_logprobs: int | None, max_new_tokens: int, batch_size: int
+):
+    """A model from a command-line spec.
+
+    ``tiny:DIR`` (a ``make-tiny-models`` folder; picks ``DIR/small`` or ``DIR/large``), a
+    local checkpoint path or hub id (loaded with transformers), or
+    ``openai:BASE_URL#MODEL_NAME`` (an OpenAI-compatible server such as vLLM or SGLang).
+    """
+    if spec.startswith("openai:"):
+        try:
+            from langchain_openai import ChatOpenAI
+        except ImportError as exc:
+            raise SystemExit(
+                "openai: models need langchain-openai: pip install 'speceyes-graph[openai]'"
+            ) from exc
+        url, _, name = spec[len("openai:") :].partition("#")
+        if not name:
+            raise SystemExit(f"give the served model name: openai:{url}#MODEL_NAME")
+        kwargs = {"logprobs": True, "top_logprobs": top_logprobs} if top_logprobs else {}
+        return ChatOpenAI(
+            base_url=url,
+            model=name,
+            api_key="EMPTY",
+            temperature=0,
+            max_tokens=max_new_tokens,
+            **kwargs,
+        )
+    from .models import ChatTransformersVLM
+
+    path = spec
+    if spec.startswith("tiny:"):
+        path = str(Path(spec[len("tiny:") :]) / role)
+    return ChatTransformersVLM(
+        model=path,
+        top_logprobs=top_logprobs,
+        max_new_tokens=max_new_tokens,
+        max_batch_size=batch_size,
+    )
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from .benchmarks.synthetic import generate_suite
+
+    generate_suite(
+        args.dir, args.n, seed=args.seed, zoom_fraction=args.zoom_fraction, max_side=args.max_side
+    )
+    print(f"wrote {args.n} queries to {args.dir}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .benchmarks import load_benchmark, run_benchmark
+    from .graph import create_speceyes_graph
+    from .separability import GateConfig
+
+    small = large = None
+    if args.mode in ("speceyes", "small"):
+        small = load_chat_model(
+            args.small,
+            "small",
+            top_logprobs=args.top_k,
+            max_new_tokens=20,
+            batch_size=args.batch_size,
+        )
+    if args.mode in ("speceyes", "agent"):
+        large = load_chat_model(
+            args.large,
+            "large",
+            top_logprobs=None,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+        )
+    gate = GateConfig(tau=args.threshold, k=args.top_k, aggregation=args.aggregation)
+    graph = create_speceyes_graph(
+        speculator=small,
+        agent=large,
+        mode=args.mode,
+        gate=gate,
+        tools=args.tools,
+        max_agent_steps=args.max_agent_steps,
+    ).compile()
+    queries = load_benchmark(args.benchmark, args.data)
+    settings = {k: v for k, v in vars(args).items() if k != "func"}
+    summary = run_benchmark(
+        graph,
+        queries,
+        args.out,
+        mode=args.mode,
+        concurrency=2 * args.batch_size,
+        limit=args.limit,
+        retry_errors=args.retry_errors,
+        settings=settings,
+    )
+    print(
+        f"{summary['total']} queries recorded in {args.out} ({summary['written']} this run); "
+        f"accuracy {summary['accuracy']:.3f}; routes {summary['routes']}"
+    )
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .benchmarks.report import write_report
+
+    report = write_report(args.dir, args.baseline, args.out)
+    out = Path(args.out or args.dir)
+    print((out / "report.md").read_text())
+    print(
+        f"wrote {out / 'report.md'}, {out / 'report.json'}"
+        + "".join(f", {out / p}" for p in report["plots"])
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="speceyes", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -73,6 +187,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_make_tiny_models)
+
+    p = sub.add_parser("synth", help="generate the synthetic high-resolution suite (V* layout)")
+    p.add_argument("dir")
+    p.add_argument("--n", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--zoom-fraction", type=float, default=0.5, help="share of queries whose target is small"
+    )
+    p.add_argument("--max-side", type=int, default=7680, help="largest image width to generate")
+    p.set_defaults(func=cmd_synth)
+
+    p = sub.add_parser("bench", help="run a benchmark (resumable; one JSON line per query)")
+    p.add_argument("--benchmark", required=True, choices=["vstar", "hrbench", "pope", "synthetic"])
+    p.add_argument("--data", required=True, help="dataset folder or file")
+    p.add_argument(
+        "--small", help="small model: tiny:DIR, a checkpoint path / hub id, or openai:URL#NAME"
+    )
+    p.add_argument("--large", help="large model (judge and agent), same forms")
+    p.add_argument("--mode", choices=["speceyes", "agent", "small"], default="speceyes")
+    p.add_argument("--threshold", type=float, default=0.98, help="tau")
+    p.add_argument("--top-k", type=int, default=64)
+    p.add_argument("--aggregation", choices=["min", "mean", "bottom-q"], default="min")
+    p.add_argument(
+        "--batch-size", type=int, default=16, help="max batch per model call (2x queries in flight)"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=512, help="per agent step")
+    p.add_argument("--max-agent-steps", type=int, default=6)
+    p.add_argument("--tools", default="deepeyes")
+    p.add_argument("--limit", type=int, help="only the first N queries")
+    p.add_argument(
+        "--retry-errors", action="store_true", help="re-run queries whose record has an error"
+    )
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("report", help="summarise a run, sweep tau offline against a baseline, plot")
+    p.add_argument("dir")
+    p.add_argument("--baseline", help="an agent-only run of the same queries")
+    p.add_argument("--out", help="where to write (default: DIR)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

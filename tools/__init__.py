@@ -21,6 +21,7 @@ from .images import (
     encode_image,
     load_image,
     put_bytes,
+    release,
     smart_resize,
 )
 from .tesseract import OCRUnavailable, check_tesseract, make_ocr_tool, ocr_array
@@ -68,6 +69,7 @@ __all__ = [
     "ocr_array",
     "parse_box",
     "put_bytes",
+    "release",
     "smart_resize",
     "to_original",
     "zoom",

@@ -35,6 +35,7 @@ __all__ = [
     "encode_image",
     "load_image",
     "put_bytes",
+    "release",
     "smart_resize",
 ]
 
@@ -104,6 +105,13 @@ def put_bytes(data: bytes) -> str:
     with _MEM_LOCK:
         _MEM[key] = data
     return key
+
+
+def release(ref: str) -> None:
+    """Forget a ``mem://`` image and its decoded copies (benchmark runners stream thousands)."""
+    with _MEM_LOCK:
+        _MEM.pop(ref, None)
+    _DEFAULT_STORE.forget(ref)
 
 
 def _read_bytes(ref: str) -> bytes:
@@ -260,6 +268,15 @@ class ImageStore:
             while len(self._views) > self.max_views:
                 self._views.popitem(last=False)
         return encoded
+
+    def forget(self, ref: str) -> None:
+        """Drop one reference's decoded array and encoded views."""
+        with self._lock:
+            arr = self._cache.pop(ref, None)
+            if arr is not None:
+                self._bytes -= arr.nbytes
+            for key in [k for k in self._views if k[0] == ref]:
+                del self._views[key]
 
     def clear(self) -> None:
         with self._lock:

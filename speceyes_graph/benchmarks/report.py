@@ -1,0 +1,400 @@
+"""Reports from runner records: accuracy, latency, speedup, the funnel, offline tau sweeps.
+
+Every draft keeps its sorted top-K log-probs, so the gate can be re-run offline at any tau
+and aggregation without touching a model: a query's outcome is the draft's correctness if
+the draft would be accepted, else the agent's correctness from the baseline run; its
+modelled latency is its judge and draft time plus, if rejected, the agent's latency from
+the baseline run. (Modelled latency is the paper's per-query cost model, not a wall-clock
+throughput measurement; the achieved speedup of a real run is reported beside it.)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..separability import DEFAULT_ALPHA, acceptance_score, aggregate
+from .runner import read_records
+from .scoring import extract_yes_no, pope_metrics
+
+__all__ = ["auroc", "build_report", "sweep", "write_report"]
+
+TAUS = [
+    0.5,
+    0.6,
+    0.7,
+    0.8,
+    0.85,
+    0.9,
+    0.92,
+    0.94,
+    0.95,
+    0.96,
+    0.97,
+    0.98,
+    0.985,
+    0.99,
+    0.995,
+    0.999,
+]
+AGGREGATIONS = ("min", "mean", "bottom-q")
+
+
+def auroc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
+    """Area under the ROC curve (probability a right draft outscores a wrong one; ties half)."""
+    s = np.asarray(scores, dtype=float)
+    y = np.asarray(labels, dtype=bool)
+    pos, neg = s[y], s[~y]
+    if len(pos) == 0 or len(neg) == 0:
+        return None
+    order = np.argsort(np.concatenate([pos, neg]), kind="mergesort")
+    ranks = np.empty(len(order))
+    values = np.concatenate([pos, neg])[order]
+    i = 0
+    while i < len(values):  # average ranks over ties
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
+
+
+def _token_scores(draft: dict) -> np.ndarray | None:
+    top = draft.get("top_logprobs") if draft else None
+    if not top:
+        return None
+    m = np.asarray(top, dtype=float)
+    comp = m[:, 1:]
+    return (m[:, 0] - comp.mean(axis=1)) / (comp.std(axis=1) + 1e-6)
+
+
+def _draft_score(draft: dict, aggregation: str, score: str = "separability") -> float | None:
+    ts = _token_scores(draft)
+    if ts is None or len(ts) == 0:
+        return None
+    if score == "softmax":
+        return float(np.exp(np.mean(np.asarray(draft["top_logprobs"], dtype=float)[:, 0])))
+    return acceptance_score(aggregate(ts, aggregation), DEFAULT_ALPHA)
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def _summary(records: list[dict], wall: float | None) -> dict[str, Any]:
+    n = len(records)
+    lat = [r["latency_s"] for r in records if r.get("latency_s") is not None]
+    routes = Counter(r.get("route") or "error" for r in records)
+    by_split: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        by_split[r["split"]].append(r)
+    splits = {}
+    for split, rs in sorted(by_split.items()):
+        entry: dict[str, Any] = {"n": len(rs), "accuracy": sum(r["correct"] for r in rs) / len(rs)}
+        if not rs[0].get("options"):  # yes/no task: POPE metrics
+            m = pope_metrics(
+                (extract_yes_no(r.get("answer")) if not r.get("error") else None, r["expected"])
+                for r in rs
+            )
+            entry.update(
+                precision=m.precision,
+                recall=m.recall,
+                f1=m.f1,
+                yes_ratio=m.yes_ratio,
+                unreadable=m.unreadable,
+            )
+        splits[split] = entry
+    judged = routes["speculative"] + routes["rejected-agentic"] + routes["judged-agentic"]
+    tool_free = routes["speculative"] + routes["rejected-agentic"]
+    beta = tool_free / judged if judged else None
+    alpha = routes["speculative"] / tool_free if tool_free else None
+    ideal = (
+        1 / (1 - beta * alpha)
+        if beta is not None and alpha is not None and beta * alpha < 1
+        else None
+    )
+    return {
+        "n": n,
+        "accuracy": sum(r["correct"] for r in records) / n if n else 0.0,
+        "errors": sum(1 for r in records if r.get("error")),
+        "routes": dict(routes),
+        "splits": splits,
+        "latency_mean_s": float(np.mean(lat)) if lat else None,
+        "latency_p50_s": _percentile(lat, 50),
+        "latency_p95_s": _percentile(lat, 95),
+        "wall_s": wall,
+        "throughput_qps": n / wall if wall else None,
+        "beta": beta,
+        "alpha": alpha,
+        "ideal_speedup": ideal,
+    }
+
+
+def _wall(run_dir: Path) -> float | None:
+    path = run_dir / "run.json"
+    if not path.exists():
+        return None
+    return (
+        sum(s.get("wall_s", 0.0) for s in json.loads(path.read_text()).get("sessions", [])) or None
+    )
+
+
+def sweep(
+    records: list[dict], baseline: list[dict], taus: Sequence[float] = TAUS
+) -> dict[str, Any]:
+    """Offline gate sweep: accuracy and modelled speedup for every tau and aggregation."""
+    agent = {r["id"]: r for r in baseline}
+    rows = [r for r in records if r["id"] in agent]
+    if not rows:
+        return {}
+    base_latency = sum(agent[r["id"]]["latency_s"] for r in rows)
+    base_acc = sum(agent[r["id"]]["correct"] for r in rows) / len(rows)
+    out: dict[str, Any] = {"n": len(rows), "baseline_accuracy": base_acc, "curves": {}}
+    for score in ("separability", "softmax"):
+        for aggregation in AGGREGATIONS if score == "separability" else ("geo-mean",):
+            curve = []
+            for tau in taus:
+                correct = latency = accepted = 0.0
+                for r in rows:
+                    a = agent[r["id"]]
+                    t = r.get("timings") or {}
+                    cost = t.get("judge", 0.0)
+                    draft = r.get("draft")
+                    tool_free = r.get("route") in ("speculative", "rejected-agentic", "draft-only")
+                    s = (
+                        _draft_score(
+                            draft, aggregation if score == "separability" else "min", score
+                        )
+                        if tool_free and draft
+                        else None
+                    )
+                    cost += t.get("speculate", 0.0) if tool_free else 0.0
+                    if s is not None and s > tau:
+                        accepted += 1
+                        correct += r["draft_correct"]
+                    else:
+                        correct += a["correct"]
+                        cost += a["latency_s"]
+                    latency += cost
+                curve.append(
+                    {
+                        "tau": tau,
+                        "accuracy": correct / len(rows),
+                        "speedup": base_latency / latency if latency else None,
+                        "accepted": accepted / len(rows),
+                    }
+                )
+            out["curves"][f"{score}:{aggregation}"] = curve
+    drafts = [r for r in rows if r.get("draft") and _token_scores(r["draft"]) is not None]
+    labels = [bool(r["draft_correct"]) for r in drafts]
+    out["auroc"] = {
+        "separability_min": auroc([_draft_score(r["draft"], "min") for r in drafts], labels),
+        "softmax": auroc([_draft_score(r["draft"], "min", "softmax") for r in drafts], labels),
+    }
+    out["n_drafts"] = len(drafts)
+    out["draft_accuracy"] = sum(labels) / len(labels) if labels else None
+    return out
+
+
+def build_report(run_dir: str | Path, baseline_dir: str | Path | None = None) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    records = read_records(run_dir)
+    if not records:
+        raise FileNotFoundError(f"no records in {run_dir}")
+    report: dict[str, Any] = {"run": str(run_dir), "summary": _summary(records, _wall(run_dir))}
+    if baseline_dir is not None:
+        baseline_dir = Path(baseline_dir)
+        baseline = read_records(baseline_dir)
+        base_summary = _summary(baseline, _wall(baseline_dir))
+        report["baseline"] = {"run": str(baseline_dir), "summary": base_summary}
+        s = report["summary"]
+        if s["latency_mean_s"] and base_summary["latency_mean_s"]:
+            s["speedup_latency"] = base_summary["latency_mean_s"] / s["latency_mean_s"]
+        if s["throughput_qps"] and base_summary["throughput_qps"]:
+            s["speedup_throughput"] = s["throughput_qps"] / base_summary["throughput_qps"]
+        report["sweep"] = sweep(records, baseline)
+    report["_records"] = records
+    return report
+
+
+def _fmt(v: Any, spec: str = ".3f") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return format(v, spec)
+    return str(v)
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    s = report["summary"]
+    lines = [f"# SpecEyes report: `{report['run']}`", ""]
+    lines += ["| metric | value |", "|---|---|"]
+    for key in (
+        "n",
+        "accuracy",
+        "errors",
+        "latency_mean_s",
+        "latency_p50_s",
+        "latency_p95_s",
+        "wall_s",
+        "throughput_qps",
+        "beta",
+        "alpha",
+        "ideal_speedup",
+        "speedup_latency",
+        "speedup_throughput",
+    ):
+        if key in s:
+            lines.append(f"| {key} | {_fmt(s[key])} |")
+    lines.append(f"| routes | {', '.join(f'{k}: {v}' for k, v in sorted(s['routes'].items()))} |")
+    lines += [
+        "",
+        "## Accuracy per split",
+        "",
+        "| split | n | accuracy | extra |",
+        "|---|---|---|---|",
+    ]
+    for split, e in s["splits"].items():
+        extra = ", ".join(f"{k} {_fmt(v)}" for k, v in e.items() if k not in ("n", "accuracy"))
+        lines.append(f"| {split} | {e['n']} | {_fmt(e['accuracy'])} | {extra} |")
+    if "baseline" in report:
+        b = report["baseline"]["summary"]
+        lines += [
+            "",
+            f"Baseline `{report['baseline']['run']}`: accuracy {_fmt(b['accuracy'])}, "
+            f"mean latency {_fmt(b['latency_mean_s'])} s, throughput {_fmt(b['throughput_qps'])} q/s, errors {b['errors']}.",
+        ]
+    sw = report.get("sweep") or {}
+    if sw.get("curves"):
+        lines += [
+            "",
+            f"## Offline gate sweep ({sw['n']} queries, {sw['n_drafts']} drafts; baseline accuracy {_fmt(sw['baseline_accuracy'])})",
+            "",
+        ]
+        lines.append(
+            f"AUROC for draft correctness: separability (min) {_fmt(sw['auroc']['separability_min'])}, "
+            f"softmax confidence {_fmt(sw['auroc']['softmax'])}; draft accuracy {_fmt(sw['draft_accuracy'])}."
+        )
+        lines += [
+            "",
+            "| tau | " + " | ".join(f"{k} acc / speedup" for k in sw["curves"]) + " |",
+            "|---|" + "---|" * len(sw["curves"]),
+        ]
+        for i, tau in enumerate(TAUS):
+            cells = [
+                f"{_fmt(c[i]['accuracy'])} / {_fmt(c[i]['speedup'], '.2f')}x"
+                for c in sw["curves"].values()
+            ]
+            lines.append(f"| {tau} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _plots(report: dict[str, Any], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    sw = report.get("sweep") or {}
+    if sw.get("curves"):
+        fig, ax = plt.subplots(figsize=(6, 4.5))
+        for name, curve in sw["curves"].items():
+            ax.plot(
+                [c["speedup"] for c in curve],
+                [c["accuracy"] for c in curve],
+                marker="o",
+                ms=3,
+                label=name,
+            )
+        ax.scatter([1.0], [sw["baseline_accuracy"]], color="black", zorder=5, label="agent only")
+        ax.set_xlabel("modelled speedup vs agent only")
+        ax.set_ylabel("accuracy")
+        ax.set_title("Accuracy vs speedup over tau")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "accuracy_vs_speedup.png", dpi=110)
+        plt.close(fig)
+        written.append("accuracy_vs_speedup.png")
+    records = [
+        r for r in report["_records"] if r.get("draft") and _token_scores(r["draft"]) is not None
+    ]
+    if records:
+        raw = [aggregate(_token_scores(r["draft"]), "min") for r in records]
+        right = [s for s, r in zip(raw, records, strict=True) if r["draft_correct"]]
+        wrong = [s for s, r in zip(raw, records, strict=True) if not r["draft_correct"]]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        bins = np.linspace(min(raw), max(raw) + 1e-9, 30)
+        ax.hist(
+            right, bins=bins, alpha=0.6, label=f"right drafts ({len(right)})", color="tab:green"
+        )
+        ax.hist(wrong, bins=bins, alpha=0.6, label=f"wrong drafts ({len(wrong)})", color="tab:red")
+        tau_raw = math.log(0.98 / 0.02) / DEFAULT_ALPHA
+        ax.axvline(tau_raw, color="black", ls="--", label="tau 0.98")
+        ax.set_xlabel("answer separability (min over tokens)")
+        ax.set_ylabel("drafts")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "separability_hist.png", dpi=110)
+        plt.close(fig)
+        written.append("separability_hist.png")
+        labels = [bool(r["draft_correct"]) for r in records]
+        if 0 < sum(labels) < len(labels):
+            fig, ax = plt.subplots(figsize=(4.5, 4.5))
+            for name, scores in (
+                ("separability (min)", raw),
+                (
+                    "softmax confidence",
+                    [_draft_score(r["draft"], "min", "softmax") for r in records],
+                ),
+            ):
+                fpr, tpr = _roc(scores, labels)
+                ax.plot(fpr, tpr, label=f"{name}: AUROC {auroc(scores, labels):.3f}")
+            ax.plot([0, 1], [0, 1], color="grey", ls=":")
+            ax.set_xlabel("false positive rate (wrong drafts accepted)")
+            ax.set_ylabel("true positive rate (right drafts accepted)")
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            fig.savefig(out / "separability_vs_softmax_roc.png", dpi=110)
+            plt.close(fig)
+            written.append("separability_vs_softmax_roc.png")
+    return written
+
+
+def _roc(scores: Sequence[float], labels: Sequence[bool]) -> tuple[list[float], list[float]]:
+    pairs = sorted(zip(scores, labels, strict=True), key=lambda p: -p[0])
+    pos = sum(labels)
+    neg = len(labels) - pos
+    tp = fp = 0
+    fpr, tpr = [0.0], [0.0]
+    for _, y in pairs:
+        tp += y
+        fp += not y
+        fpr.append(fp / neg)
+        tpr.append(tp / pos)
+    return fpr, tpr
+
+
+def write_report(
+    run_dir: str | Path, baseline_dir: str | Path | None = None, out_dir: str | Path | None = None
+) -> dict[str, Any]:
+    """Write report.md, report.json and PNG plots; returns the report (without records)."""
+    report = build_report(run_dir, baseline_dir)
+    out = Path(out_dir or run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report["plots"] = _plots(report, out)
+    report.pop("_records")
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    md = _markdown(report)
+    if report["plots"]:
+        md += "\n" + "\n".join(f"![{p}]({p})" for p in report["plots"]) + "\n"
+    (out / "report.md").write_text(md)
+    return report
