@@ -1,0 +1,282 @@
+"""The graph over HTTP: the real ChatOpenAI client against a vLLM-format replay server."""
+
+import base64
+import io
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from PIL import Image
+
+pytest.importorskip("langchain_openai", reason="the openai extra")
+
+from conftest import write_scene  # noqa: E402
+from vllm_replay import ReplayServer, completion, logprobs_content  # noqa: E402
+
+from speceyes_graph import GateConfig, create_speceyes_graph  # noqa: E402
+from speceyes_graph.serving import openai_chat_model, openai_models  # noqa: E402
+from speceyes_tools import ResizeSpec  # noqa: E402
+
+SERVER_ERROR = {
+    "object": "error",
+    "message": "CUDA error: an illegal memory access",
+    "type": "InternalServerError",
+    "param": None,
+    "code": 500,
+}
+
+
+def texts(body):
+    out = []
+    for m in body["messages"]:
+        c = m.get("content")
+        if isinstance(c, str):
+            out.append(c)
+        elif isinstance(c, list):
+            out += [p.get("text", "") for p in c if p.get("type") == "text"]
+    return "\n".join(out)
+
+
+def images(message):
+    c = message.get("content")
+    return (
+        [p["image_url"]["url"] for p in c if p.get("type") == "image_url"]
+        if isinstance(c, list)
+        else []
+    )
+
+
+def make_respond(cap=64, attempts=None):
+    attempts = attempts if attempts is not None else Counter()
+
+    def respond(body):
+        text, model = texts(body), body["model"]
+        key = (model, text)
+        attempts[key] += 1
+        if "always-broken" in text:
+            return 500, SERVER_ERROR, 0
+        if "flaky" in text and attempts[key] == 1:
+            return 500, SERVER_ERROR, 0
+        delay = 3.0 if "slow" in text and model == "small" else 0.02
+        if model == "small":
+            sep = 9.0 if "easy" in text else 3.0
+            k = min(body.get("top_logprobs") or 0, cap)
+            return (
+                200,
+                completion(
+                    model,
+                    "A",
+                    logprobs=logprobs_content(["A"], [sep], k) if body.get("logprobs") else None,
+                ),
+                delay,
+            )
+        if "Would tools significantly improve" in text:
+            return 200, completion(model, "yes" if "hard" in text else "no"), delay
+        last = body["messages"][-1]
+        if model == "native":
+            if last["role"] == "user" and images(last) and len(body["messages"]) > 2:
+                return 200, completion(model, "<answer>red</answer>"), delay
+            call = {
+                "id": "chatcmpl-tool-1",
+                "type": "function",
+                "function": {
+                    "name": "zoom",
+                    "arguments": json.dumps({"bbox": [100, 100, 300, 300]}),
+                },
+            }
+            return 200, completion(model, None, tool_calls=[call]), delay
+        if "<tool_response>" in texts({"messages": [last]}):
+            return 200, completion(model, "<think>clear now</think><answer>B</answer>"), delay
+        return (
+            200,
+            completion(
+                model,
+                '<think>small</think><tool_call>\n{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [100, 100, 300, 300]}}\n</tool_call>',
+            ),
+            delay,
+        )
+
+    return respond
+
+
+@pytest.fixture
+def scene4k(tmp_path):
+    return write_scene(tmp_path / "4k.png", size=(3840, 2160), box=(400, 400, 800, 800))
+
+
+def graph_for(url, **kw):
+    gate = kw.pop("gate", GateConfig())
+    models = openai_models(
+        url,
+        "small",
+        url,
+        "large",
+        timeout=kw.pop("timeout", 10),
+        max_retries=kw.pop("max_retries", 2),
+    )
+    return create_speceyes_graph(**models, gate=gate, **kw).compile()
+
+
+def q(text, scene):
+    return {"question": text, "images": [scene], "options": ["red", "blue"]}
+
+
+def test_routes_and_scores_over_http(scene4k):
+    with ReplayServer(make_respond()) as server:
+        outs = graph_for(server.url).batch(
+            [
+                q("easy: colour?", scene4k),
+                q("hard: colour?", scene4k),
+                q("unsure: colour?", scene4k),
+            ],
+            {"max_concurrency": 3},
+        )
+    assert [o["route"] for o in outs] == ["speculative", "judged-agentic", "rejected-agentic"]
+    assert outs[0]["answer"] == "A" and outs[1]["answer"] == "B" and outs[2]["answer"] == "B"
+    assert outs[0]["draft"]["separability"] == pytest.approx(9.0, rel=1e-5)
+    assert outs[2]["draft"]["separability"] == pytest.approx(3.0, rel=1e-5)
+    small_requests = [r for r in server.requests if r["model"] == "small"]
+    assert all(
+        r["logprobs"] is True
+        and r["top_logprobs"] == 64
+        and r["max_completion_tokens"] == 20
+        and r["temperature"] == 0
+        for r in small_requests
+    )
+    judge_requests = [
+        r for r in server.requests if r["model"] == "large" and "Would tools" in texts(r)
+    ]
+    assert all(r["max_completion_tokens"] == 10 for r in judge_requests)
+
+
+def test_images_go_out_resized_and_crops_come_back_as_user_turns(scene4k):
+    with ReplayServer(make_respond()) as server:
+        graph_for(server.url).invoke(q("hard: colour?", scene4k))
+    expected = ResizeSpec().size(3840, 2160)
+    agent_requests = [
+        r for r in server.requests if r["model"] == "large" and "Would tools" not in texts(r)
+    ]
+    first, second = agent_requests
+    full = images(first["messages"][1])[0]
+    assert full.startswith("data:image/png;base64,")
+    assert (
+        Image.open(io.BytesIO(base64.b64decode(full.split(",", 1)[1]))).size == expected
+    )  # not the 4K original
+    roles = [m["role"] for m in second["messages"]]
+    assert roles == ["system", "user", "assistant", "user"]
+    assert "<tool_call>" in second["messages"][2]["content"]
+    crop_turn = second["messages"][3]
+    assert (
+        texts({"messages": [crop_turn]}).startswith("<tool_response>")
+        and len(images(crop_turn)) == 1
+    )
+    assert not any(images(m) for m in second["messages"] if m["role"] == "tool")
+
+
+def test_native_tool_calls_over_http_keep_images_out_of_tool_messages(scene4k):
+    with ReplayServer(make_respond()) as server:
+        agent = openai_chat_model(server.url, "native", timeout=10)
+        out = (
+            create_speceyes_graph(agent=agent, mode="agent", tools="vision")
+            .compile()
+            .invoke(q("colour?", scene4k))
+        )
+    assert out["answer"] == "red" and out["agent_steps"][0]["tool_calls"][0]["name"] == "zoom"
+    second = server.requests[-1]
+    assert [m["role"] for m in second["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "user",
+    ]
+    assert (
+        isinstance(second["messages"][3]["content"], str)
+        and len(images(second["messages"][4])) == 1
+    )
+    assert second["tools"][0]["function"]["name"] == "crop"
+
+
+def test_short_top_logprobs_are_detected_not_silently_scored(scene4k):
+    with ReplayServer(make_respond(cap=20)) as server:
+        strict = graph_for(server.url).invoke(q("easy: colour?", scene4k))
+        clamped = graph_for(server.url, gate=GateConfig(clamp=True)).invoke(
+            q("easy: colour?", scene4k)
+        )
+    assert strict["route"] == "rejected-agentic" and "--max-logprobs 64" in strict["draft"]["error"]
+    assert clamped["route"] == "speculative" and "clamped from 64" in clamped["draft"]["note"]
+    assert len(clamped["draft"]["top_logprobs"][0]) == 20
+
+
+def test_retries_errors_and_timeouts_fail_only_their_query(scene4k):
+    attempts = Counter()
+    with ReplayServer(make_respond(attempts=attempts)) as server:
+        g = graph_for(server.url, timeout=1.0, max_retries=1)
+        outs = g.batch(
+            [
+                q("easy flaky: colour?", scene4k),
+                q("easy always-broken: colour?", scene4k),
+                q("easy slow: colour?", scene4k),
+                q("easy: colour?", scene4k),
+            ],
+            {"max_concurrency": 4},
+        )
+    assert outs[0]["route"] == "speculative"  # a 500, retried with backoff, then fine
+    assert max(n for (m, t), n in attempts.items() if "flaky" in t) == 2
+    assert (
+        "judge" in outs[1]["error"] and "500" in outs[1]["error"]
+    )  # persistent 5xx: that query fails
+    assert (
+        outs[2]["route"] == "rejected-agentic" and "Timeout" in outs[2]["draft"]["error"]
+    )  # draft timed out: fallback
+    assert outs[3]["route"] == "speculative" and outs[3].get("error") is None
+
+
+def test_concurrency_is_bounded_by_max_concurrency(scene4k):
+    with ReplayServer(make_respond()) as server:
+        graph_for(server.url).batch(
+            [q(f"easy {i}: colour?", scene4k) for i in range(12)], {"max_concurrency": 4}
+        )
+    assert 2 <= server.max_in_flight <= 4
+    assert len(server.requests) == 24  # a judge and a draft request per query
+
+
+def test_short_lists_from_real_model_servers_shape():
+    content = logprobs_content(["A", "B"], [8.0, 7.0], 64)["content"]
+    assert all(len(e["top_logprobs"]) == 64 for e in content) and np.isclose(
+        content[0]["logprob"], content[0]["top_logprobs"][0]["logprob"]
+    )
+
+
+def test_langgraph_json_points_at_a_compiled_graph(monkeypatch):
+    import runpy
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = json.loads((root / "langgraph.json").read_text())
+    path, attr = cfg["graphs"]["speceyes"].split(":")
+    for var in (
+        "SPECEYES_SMALL_URL",
+        "SPECEYES_LARGE_URL",
+        "SPECEYES_SMALL_PATH",
+        "SPECEYES_LARGE_PATH",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    graph = runpy.run_path(str(root / path))[attr]
+    assert {"judge", "speculate", "gate", "agent_loop"} <= set(graph.get_graph().nodes)
+
+
+def test_studio_graph_from_environment(monkeypatch, scene4k):
+    import runpy
+    from pathlib import Path
+
+    with ReplayServer(make_respond()) as server:
+        monkeypatch.setenv("SPECEYES_SMALL_URL", server.url)
+        monkeypatch.setenv("SPECEYES_SMALL_MODEL", "small")
+        monkeypatch.setenv("SPECEYES_LARGE_URL", server.url)
+        monkeypatch.setenv("SPECEYES_LARGE_MODEL", "large")
+        graph = runpy.run_path(
+            str(Path(__file__).resolve().parents[1] / "speceyes_graph/studio.py")
+        )["graph"]
+        assert graph.invoke(q("easy: colour?", scene4k))["route"] == "speculative"
