@@ -19,6 +19,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
@@ -147,6 +148,7 @@ def create_agent_loop(
             "answer": answer,
             "problem": "; ".join(problems) or None,
         }
+        _emit({"agent_step": step})  # stream_mode="custom": watch the loop turn by turn
         if not calls and answer is None:
             # nothing to do: tell the model what went wrong, in the protocol's words
             correction = "\n".join(problems) if problems else ""
@@ -200,6 +202,13 @@ def create_agent_loop(
     graph.add_conditional_edges("tools", _after_tools(max_steps), ["agent", "finish"])
     graph.add_edge("finish", END)
     return graph
+
+
+def _emit(event: dict[str, Any]) -> None:
+    try:
+        get_stream_writer()(event)
+    except RuntimeError:  # called outside a graph run (no stream context)
+        pass
 
 
 def _after_tools(max_steps: int):

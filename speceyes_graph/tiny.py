@@ -18,6 +18,7 @@ __all__ = [
     "QWEN_CHAT_TEMPLATE",
     "SPECIAL_TOKENS",
     "build_tokenizer",
+    "cached_tiny_models",
     "make_tiny_models",
 ]
 
@@ -397,7 +398,49 @@ def make_tiny_models(
             pad_token_id=ids["pad_token_id"],
             do_sample=False,
         )
-        model.save_pretrained(path)
+        _quiet_save(model, path)
         _processor(kind, tok, *budgets[kind]).save_pretrained(path)
         paths[kind] = path
     return paths
+
+
+def _quiet_save(model: Any, path: Path) -> None:
+    """save_pretrained without its per-shard progress bar (noise for a 1 MB file)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def cached_tiny_models(seed: int = 0) -> dict[str, Path]:
+    """The tiny checkpoints in a per-user cache (built once, atomically; ~2 MB).
+
+    The cache is ``$SPECEYES_CACHE`` or ``$XDG_CACHE_HOME/speceyes-graph`` (default
+    ``~/.cache/speceyes-graph``). Examples and smoke runs use this instead of rebuilding.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    base = Path(
+        os.environ.get("SPECEYES_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "speceyes-graph"
+    )
+    target = base / f"tiny-seed{seed}"
+    if (
+        not (target / "small" / "config.json").exists()
+        or not (target / "large" / "config.json").exists()
+    ):
+        base.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=base, prefix=".building-"))
+        make_tiny_models(tmp, seed=seed)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {"small": target / "small", "large": target / "large"}

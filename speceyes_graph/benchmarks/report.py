@@ -23,7 +23,7 @@ from ..separability import DEFAULT_ALPHA, acceptance_score, aggregate
 from .runner import read_records
 from .scoring import extract_yes_no, pope_metrics
 
-__all__ = ["auroc", "build_report", "sweep", "write_report"]
+__all__ = ["auroc", "build_report", "draft_token_scores", "sweep", "write_report"]
 
 TAUS = [
     0.5,
@@ -66,7 +66,8 @@ def auroc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
     return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
 
 
-def _token_scores(draft: dict) -> np.ndarray | None:
+def draft_token_scores(draft: dict) -> np.ndarray | None:
+    """Per-token separability recomputed from a recorded draft's sorted top-K log-probs."""
     top = draft.get("top_logprobs") if draft else None
     if not top:
         return None
@@ -76,7 +77,7 @@ def _token_scores(draft: dict) -> np.ndarray | None:
 
 
 def _draft_score(draft: dict, aggregation: str, score: str = "separability") -> float | None:
-    ts = _token_scores(draft)
+    ts = draft_token_scores(draft)
     if ts is None or len(ts) == 0:
         return None
     if score == "softmax":
@@ -192,7 +193,7 @@ def sweep(
                     }
                 )
             out["curves"][f"{score}:{aggregation}"] = curve
-    drafts = [r for r in rows if r.get("draft") and _token_scores(r["draft"]) is not None]
+    drafts = [r for r in rows if r.get("draft") and draft_token_scores(r["draft"]) is not None]
     labels = [bool(r["draft_correct"]) for r in drafts]
     out["auroc"] = {
         "separability_min": auroc([_draft_score(r["draft"], "min") for r in drafts], labels),
@@ -325,10 +326,10 @@ def _plots(report: dict[str, Any], out: Path) -> list[str]:
         plt.close(fig)
         written.append("accuracy_vs_speedup.png")
     records = [
-        r for r in report["_records"] if r.get("draft") and _token_scores(r["draft"]) is not None
+        r for r in report["_records"] if r.get("draft") and draft_token_scores(r["draft"]) is not None
     ]
     if records:
-        raw = [aggregate(_token_scores(r["draft"]), "min") for r in records]
+        raw = [aggregate(draft_token_scores(r["draft"]), "min") for r in records]
         right = [s for s, r in zip(raw, records, strict=True) if r["draft_correct"]]
         wrong = [s for s, r in zip(raw, records, strict=True) if not r["draft_correct"]]
         fig, ax = plt.subplots(figsize=(6, 4))
