@@ -165,6 +165,42 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_demo(args: argparse.Namespace) -> int:
+    """Both models train at once, one process and one thread each (better use of 2 cores)."""
+    import multiprocessing as mp
+
+    from .training import train_demo
+
+    kinds = args.models.split(",")
+    if len(kinds) == 1:
+        train_demo(args.out, kinds[0], minutes=args.minutes, seed=args.seed, threads=args.threads)
+        return 0
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(
+            target=train_demo,
+            args=(args.out, k),
+            kwargs={"minutes": args.minutes, "seed": args.seed, "threads": 1},
+        )
+        for k in kinds
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    return max(p.exitcode or 0 for p in procs)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    checkpoints = None
+    if args.checkpoints:
+        checkpoints = {k: Path(args.checkpoints) / k for k in ("small", "large")}
+    summary = run_demo(args.out, args.n, batch_size=args.batch_size, checkpoints=checkpoints)
+    return 1 if summary["errors"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="speceyes", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -175,6 +211,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tools", default="deepeyes", help="toolset name or TOML/YAML file")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_graph)
+
+    p = sub.add_parser(
+        "demo", help="SpecEyes vs agent-only on the embedded demo checkpoints (offline)"
+    )
+    p.add_argument(
+        "--out", default="speceyes-demo", help="output folder (default: ./speceyes-demo)"
+    )
+    p.add_argument(
+        "--n", type=int, default=60, help="number of held-out queries (the targets use 300)"
+    )
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument(
+        "--checkpoints", help="a train-demo output folder instead of the shipped checkpoints"
+    )
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "train-demo", help="train the demo checkpoints on the synthetic world (CPU or GPU)"
+    )
+    p.add_argument("out")
+    p.add_argument("--minutes", type=float, default=30.0, help="wall-clock budget per model")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--models", default="small,large", help="small, large or small,large (in parallel)"
+    )
+    p.add_argument("--threads", type=int, help="torch threads when training a single model")
+    p.set_defaults(func=cmd_train_demo)
 
     p = sub.add_parser("example", help="run the built-in offline example (scripted models)")
     p.add_argument("--dir", help="where to write the example images (default: a temp folder)")

@@ -212,9 +212,7 @@ def top_logprob_values(token_entry: Any) -> list[float]:
 
 
 def _logprob_matrix(top_logprobs: Any, k: int, clamp: bool) -> np.ndarray:
-    if isinstance(top_logprobs, Mapping):  # a whole `logprobs` object: {"content": [...]}
-        top_logprobs = top_logprobs.get("content") or []
-    rows = [top_logprob_values(entry) for entry in top_logprobs]
+    rows = [top_logprob_values(entry) for entry in _content(top_logprobs)]
     if not rows:
         raise SeparabilityError("empty answer: no generated tokens to score")
     available = min(len(r) for r in rows)
@@ -290,14 +288,12 @@ def softmax_confidence(logits: Any) -> float:
 
 def softmax_confidence_from_logprobs(top_logprobs: Any) -> float:
     """The same baseline from served log-probs: the top-1 log-prob is log max softmax."""
-    top = _logprob_matrix(top_logprobs, 1 + 1, clamp=True) if _has_two(top_logprobs) else None
-    if top is None:
-        rows = [top_logprob_values(e) for e in _content(top_logprobs)]
-        if not rows or any(not r for r in rows):
-            raise SeparabilityError("empty answer: no generated tokens to score")
-        firsts = np.array([max(r) for r in rows])
-    else:
-        firsts = top[:, 0]
+    rows = [top_logprob_values(e) for e in _content(top_logprobs)]
+    if not rows or any(not r for r in rows):
+        raise SeparabilityError("empty answer: no generated tokens to score")
+    firsts = np.array([max(r) for r in rows], dtype=np.float64)
+    if not np.isfinite(firsts).all():
+        raise SeparabilityError("top log-probs contain NaN or inf")
     return float(np.exp(firsts.mean()))
 
 
@@ -305,11 +301,6 @@ def _content(top_logprobs: Any) -> Any:
     if isinstance(top_logprobs, Mapping):
         return top_logprobs.get("content") or []
     return top_logprobs
-
-
-def _has_two(top_logprobs: Any) -> bool:
-    rows = [top_logprob_values(e) for e in _content(top_logprobs)]
-    return bool(rows) and min(len(r) for r in rows) >= 2
 
 
 # --- the gate as a configured decision ------------------------------------------------------

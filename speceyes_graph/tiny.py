@@ -10,6 +10,7 @@ seconds. The answers are noise; only the plumbing is real.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,12 +164,12 @@ _CORPUS_LINES = (
 )
 
 
-def _corpus() -> list[str]:
+def _corpus(extra: Sequence[str] = ()) -> list[str]:
     """The training text, repeated so every piece clears the trainer's ``min_frequency``."""
-    return [line for _ in range(4) for line in _CORPUS_LINES]
+    return [line for _ in range(4) for line in (*_CORPUS_LINES, *extra)]
 
 
-def build_tokenizer(vocab_size: int = 768) -> Any:
+def build_tokenizer(vocab_size: int = 768, extra_corpus: Sequence[str] = ()) -> Any:
     """Train a byte-level BPE locally and wrap it as a ``Qwen2Tokenizer``.
 
     It uses Qwen2's exact normalizer / pre-tokenizer / decoder, because transformers 5 rebuilds
@@ -197,7 +198,7 @@ def build_tokenizer(vocab_size: int = 768) -> Any:
         show_progress=False,
         special_tokens=[],
     )
-    bpe.train_from_iterator(_corpus(), trainer=trainer)
+    bpe.train_from_iterator(_corpus(extra_corpus), trainer=trainer)
     bpe_json = json.loads(bpe.to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in bpe_json["merges"]]
     vocab = dict(bpe_json["vocab"])

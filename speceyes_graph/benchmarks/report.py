@@ -326,7 +326,9 @@ def _plots(report: dict[str, Any], out: Path) -> list[str]:
         plt.close(fig)
         written.append("accuracy_vs_speedup.png")
     records = [
-        r for r in report["_records"] if r.get("draft") and draft_token_scores(r["draft"]) is not None
+        r
+        for r in report["_records"]
+        if r.get("draft") and draft_token_scores(r["draft"]) is not None
     ]
     if records:
         raw = [aggregate(draft_token_scores(r["draft"]), "min") for r in records]
