@@ -1,25 +1,33 @@
-"""Quickstart: build the SpecEyes graph, run three queries, print answer, route and score.
+"""Quickstart: build the SpecEyes graph on the embedded demo models, run three queries,
+print answer, route and draft score.
 
-Runs offline on the built-in example's scripted models (the graph, gate, zoom tool and
-coordinate mapping are real). Swap in real chat models without changing anything else:
-``ChatOpenAI`` clients of vLLM servers (``speceyes_graph.serving.openai_models``) or local
-checkpoints (``speceyes_graph.models.ChatTransformersVLM``).
+The demo checkpoints are tiny Qwen3-VL (small) and Qwen2.5-VL (large) models shipped with
+the package, trained on a synthetic world of one coloured object per scene. Swap in real
+models without changing anything else: ``ChatTransformersVLM(model="Qwen/Qwen3-VL-2B-Instruct",
+...)`` or ``speceyes_graph.serving.openai_models(...)`` for vLLM servers.
 """
 
 import tempfile
 from pathlib import Path
 
 from speceyes_graph import create_speceyes_graph
-from speceyes_graph.example import make_example_models, make_example_scenes
+from speceyes_graph.demo import demo_checkpoints, demo_queries
+from speceyes_graph.models import ChatTransformersVLM
+from speceyes_graph.training import DEMO_PROMPTS
 
-queries = make_example_scenes(Path(tempfile.mkdtemp()))[1:4]
-judge, speculator, agent = make_example_models()
-graph = create_speceyes_graph(judge=judge, speculator=speculator, agent=agent).compile()
+paths = demo_checkpoints()
+small = ChatTransformersVLM(model=str(paths["small"]), top_logprobs=64, max_new_tokens=8)
+large = ChatTransformersVLM(model=str(paths["large"]), max_new_tokens=96)
+graph = create_speceyes_graph(speculator=small, agent=large, prompts=DEMO_PROMPTS).compile()
 
-inputs = [{k: q[k] for k in ("question", "images", "options")} for q in queries]
-for q, result in zip(queries, graph.batch(inputs), strict=True):
+queries = demo_queries(Path(tempfile.mkdtemp()), 3, small_share=1 / 3, seed=1)
+results = graph.batch(
+    [{"question": q.question, "images": [q.image], "options": q.options} for q in queries]
+)
+for q, result in zip(queries, results, strict=True):
     draft = result.get("draft") or {}
     score = f"{draft['score']:.3f}" if draft.get("score") is not None else "-"
     print(
-        f"{q['query_id']:<12} route={result['route']:<17} answer={result['answer']} draft_score={score}"
+        f"{q.id} {q.split:<13} expected={q.meta['answer_text']:<7} answer={result['answer']!s:<7} "
+        f"route={result['route']:<17} draft_score={score}"
     )

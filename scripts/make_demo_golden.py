@@ -16,8 +16,10 @@ from speceyes_graph.training import DEMO_PROMPTS
 
 N, SEED = 12, 7
 paths = demo_checkpoints()
-small = ChatTransformersVLM(model=str(paths["small"]), top_logprobs=64, max_new_tokens=8)
-large = ChatTransformersVLM(model=str(paths["large"]), max_new_tokens=48)
+small = ChatTransformersVLM(
+    model=str(paths["small"]), top_logprobs=64, max_new_tokens=8, max_batch_size=1
+)
+large = ChatTransformersVLM(model=str(paths["large"]), max_new_tokens=96, max_batch_size=1)
 graph = create_speceyes_graph(
     speculator=small, agent=large, prompts=DEMO_PROMPTS, gate=GateConfig(), max_agent_steps=4
 ).compile()

@@ -82,7 +82,7 @@ def _graphs(paths: dict[str, Path], batch_size: int) -> dict[str, Any]:
         model=str(paths["small"]), top_logprobs=64, max_new_tokens=8, max_batch_size=batch_size
     )
     large = ChatTransformersVLM(
-        model=str(paths["large"]), max_new_tokens=48, max_batch_size=batch_size
+        model=str(paths["large"]), max_new_tokens=96, max_batch_size=batch_size
     )
     common = {"prompts": DEMO_PROMPTS, "gate": GateConfig(), "max_agent_steps": 4}
     return {

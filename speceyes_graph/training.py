@@ -221,6 +221,12 @@ def conversations(scene: Scene) -> dict[str, tuple[list[dict], list[np.ndarray],
         )
         # auxiliary: the colour straight from the crop (teaches the vision tower colour early)
         out["colour_crop"] = ([_user(QUESTION, crop)], [crop], scene.colour)
+        # auxiliary: the cell's box alone, short prompt (localisation without the format)
+        out["locate"] = (
+            [_user("Where is the object? Give its box.", full_large)],
+            [full_large],
+            json.dumps(cell_bbox(scene.cell)),
+        )
     if not scene.small:  # auxiliary: the colour of a large object, short prompt
         out["colour_full"] = ([_user(QUESTION, full_large)], [full_large], scene.colour)
     return out
@@ -464,7 +470,7 @@ def evaluate(
                 padding=True,
             )
             with torch.inference_mode():
-                out = model.generate(**inputs, max_new_tokens=48, do_sample=False)
+                out = model.generate(**inputs, max_new_tokens=96, do_sample=False)
             texts = tok.batch_decode(
                 out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True
             )
@@ -503,6 +509,7 @@ def train_demo(
     eval_every: int = 200,
     threads: int | None = None,
     vision_steps: int = 400,
+    tasks: tuple[str, ...] | None = None,
     log=print,
 ) -> Path:
     """Train one demo checkpoint for a wall-clock budget; saves the best evaluation.
@@ -524,7 +531,7 @@ def train_demo(
         f"[{kind}] {type(model).__name__}: {n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} threads"
     )
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    stream = sample_stream(kind, processor, seed)
+    stream = sample_stream(kind, processor, seed, tasks)
     first = (
         sample_stream(kind, processor, seed + 1, VISION_FIRST[kind])
         if kind in VISION_FIRST

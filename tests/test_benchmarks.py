@@ -459,3 +459,24 @@ def test_report_files_and_plots(tmp_path):
     md = (tmp_path / "small" / "report.md").read_text()
     assert "Offline gate sweep" in md and "AUROC" in md
     assert json.loads((tmp_path / "small" / "report.json").read_text())["summary"]["n"] == 20
+
+
+def test_llm_judge_for_free_form_answers():
+    from speceyes_graph.benchmarks.scoring import llm_judge
+    from speceyes_graph.scripted import ScriptedChatModel
+
+    seen = []
+
+    def grader(messages):
+        seen.append(messages[-1].content)
+        return (
+            "Yes." if "crimson" in messages[-1].content and "red" in messages[-1].content else "no"
+        )
+
+    model = ScriptedChatModel(respond=grader)
+    assert llm_judge(model, "What colour is the car?", "red", "crimson") is True
+    assert llm_judge(model, "What colour is the car?", "red", "blue") is False
+    assert (
+        llm_judge(model, "What colour is the car?", "red", None) is False
+    )  # no answer: wrong, no call
+    assert len(seen) == 2 and "Reference answer: red" in seen[0]

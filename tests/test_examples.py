@@ -22,12 +22,15 @@ def run_example(name, *args, cwd=None):
     return r.stdout
 
 
-def test_quickstart():
-    lines = run_example("quickstart.py").splitlines()
-    assert [line.split()[0] for line in lines] == ["big-green", "tiny-blue", "tiny-yellow"]
-    assert "route=speculative" in lines[0] and "draft_score=0.992" in lines[0]
-    assert "route=judged-agentic" in lines[1] and "route=rejected-agentic" in lines[2]
-    assert all("answer=A" in line for line in lines)
+def test_quickstart_on_the_demo_models():
+    lines = [line.split() for line in run_example("quickstart.py").splitlines()]
+    assert [row[0] for row in lines] == ["q000", "q001", "q002"]
+    fields = [dict(item.split("=", 1) for item in row[2:]) for row in lines]
+    for f in fields:
+        assert f["route"] in ("speculative", "judged-agentic", "rejected-agentic")
+        if f["route"] == "speculative":  # an accepted draft scored above tau and answered
+            assert float(f["draft_score"]) > 0.98 and f["answer"] == f["expected"]
+    assert {row[1] for row in lines} == {"large-object", "small-object"}
 
 
 def test_router_agent():

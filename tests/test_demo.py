@@ -1,0 +1,91 @@
+"""The shipped demo checkpoints: they load like real ones, behave as recorded, and the demo runs."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from speceyes_graph.demo import demo_checkpoints, demo_queries
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "data" / "demo_golden.json"
+
+
+@pytest.fixture(scope="module")
+def models():
+    from speceyes_graph.models import ChatTransformersVLM
+
+    paths = demo_checkpoints()
+    return {
+        "small": ChatTransformersVLM(
+            model=str(paths["small"]), top_logprobs=64, max_new_tokens=8, max_batch_size=1
+        ),
+        "large": ChatTransformersVLM(
+            model=str(paths["large"]), max_new_tokens=96, max_batch_size=1
+        ),
+    }
+
+
+def test_checkpoints_load_through_the_ordinary_path(models):
+    assert type(models["small"].hf_model).__name__ == "Qwen3VLForConditionalGeneration"
+    assert type(models["large"].hf_model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    for kind, path in demo_checkpoints().items():
+        size = sum(f.stat().st_size for f in path.iterdir()) / 2**20
+        assert size < 15, f"{kind} checkpoint is {size:.1f} MB"
+    assert models["large"].resize_spec.max_pixels == 112 * 112
+
+
+def test_fixed_queries_give_the_recorded_routes_and_answers(models, tmp_path):
+    """Guards against a silently broken checkpoint: regenerate the golden file when retraining.
+
+    Unbatched (max_batch_size=1), so batch composition cannot flip a near-tie in greedy decoding.
+    """
+    from speceyes_graph import GateConfig, create_speceyes_graph
+    from speceyes_graph.training import DEMO_PROMPTS
+
+    golden = json.loads(GOLDEN.read_text())
+    queries = demo_queries(tmp_path, golden["n"], seed=golden["seed"])
+    graph = create_speceyes_graph(
+        speculator=models["small"],
+        agent=models["large"],
+        prompts=DEMO_PROMPTS,
+        gate=GateConfig(),
+        max_agent_steps=4,
+    ).compile()
+    outs = graph.batch(
+        [{"question": q.question, "images": [q.image], "options": q.options} for q in queries],
+        {"max_concurrency": 16},
+    )
+    got = [
+        {"id": q.id, "route": o["route"], "answer": o["answer"]}
+        for q, o in zip(queries, outs, strict=True)
+    ]
+    assert got == golden["results"]
+
+
+def test_demo_command_end_to_end(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "speceyes_graph", "demo", "--n", "12", "--out", str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (
+        "agent only" in r.stdout
+        and "SpecEyes" in r.stdout
+        and "speedup" in r.stdout
+        and "routes:" in r.stdout
+    )
+    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
+    assert summary["n"] == 12 and summary["errors"] == 0
+    for name in (
+        "workflow.png",
+        "run-speceyes/report.md",
+        "run-agent/records.jsonl",
+        "gate/separability_hist.png",
+    ):
+        assert (tmp_path / "d" / name).exists(), name
