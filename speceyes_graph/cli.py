@@ -172,15 +172,16 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
     from .training import train_demo
 
     kinds = args.models.split(",")
+    kwargs = {"minutes": args.minutes, "seed": args.seed, "max_steps": args.steps}
     if len(kinds) == 1:
-        train_demo(args.out, kinds[0], minutes=args.minutes, seed=args.seed, threads=args.threads)
+        train_demo(args.out, kinds[0], threads=args.threads, **kwargs)
         return 0
     ctx = mp.get_context("spawn")
     procs = [
         ctx.Process(
             target=train_demo,
             args=(args.out, k),
-            kwargs={"minutes": args.minutes, "seed": args.seed, "threads": 1},
+            kwargs={**kwargs, "threads": 1},
         )
         for k in kinds
     ]
@@ -232,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("out")
     p.add_argument("--minutes", type=float, default=30.0, help="wall-clock budget per model")
+    p.add_argument(
+        "--steps", type=int, help="a fixed number of steps instead (reproducible from the seed)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--models", default="small,large", help="small, large or small,large (in parallel)"

@@ -510,6 +510,7 @@ def train_demo(
     threads: int | None = None,
     vision_steps: int = 400,
     tasks: tuple[str, ...] | None = None,
+    max_steps: int | None = None,
     log=print,
 ) -> Path:
     """Train one demo checkpoint for a wall-clock budget; saves the best evaluation.
@@ -542,8 +543,15 @@ def train_demo(
     t0 = time.time()
     step, best, history = 0, -1.0, []
     model.train()
-    while time.time() - t0 < budget:
-        frac = min(1.0, (time.time() - t0) / budget)
+
+    def done() -> bool:
+        return (max_steps is not None and step >= max_steps) or (
+            max_steps is None and time.time() - t0 >= budget
+        )
+
+    while not done():
+        # the schedule follows steps when they are fixed (bit-reproducible), else the clock
+        frac = step / max_steps if max_steps else min(1.0, (time.time() - t0) / budget)
         for group in opt.param_groups:  # warm-up, then cosine decay over the time budget
             group["lr"] = (
                 lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
@@ -560,7 +568,7 @@ def train_demo(
             log(
                 f"[{kind}] step {step} loss {loss.item():.4f} lr {opt.param_groups[0]['lr']:.2e} {time.time() - t0:.0f}s"
             )
-        if step % eval_every == 0 or time.time() - t0 >= budget:
+        if step % eval_every == 0 or done():
             model.eval()
             metrics = evaluate(kind, model, processor)
             model.train()
@@ -575,9 +583,15 @@ def train_demo(
                 _save(model, processor, out)
     if best < 0:  # the budget ended before the first evaluation
         _save(model, processor, out)
-    (out / "training_history.json").write_text(
-        json.dumps({"seed": seed, "minutes": minutes, "history": history}, indent=1)
-    )
+    record = {
+        "seed": seed,
+        "minutes": minutes,
+        "max_steps": max_steps,
+        "steps": step,
+        "tasks": list(tasks or TASKS[kind]),
+        "history": history,
+    }
+    (out / "training_history.json").write_text(json.dumps(record, indent=1))
     return out
 
 

@@ -56,3 +56,23 @@ def test_make_tiny_models(tmp_path):
     assert "small:" in r.stdout and "large:" in r.stdout
     assert (tmp_path / "m" / "small" / "config.json").exists()
     assert (tmp_path / "m" / "large" / "model.safetensors").exists()
+
+
+def test_train_demo_smoke(tmp_path):
+    """Two steps of training write a checkpoint that loads through the ordinary path."""
+    r = run(
+        "train-demo", str(tmp_path / "t"), "--models", "small", "--steps", "2", "--threads", "1"
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+
+    from speceyes_graph.models import ChatTransformersVLM
+
+    history = json.loads((tmp_path / "t" / "small" / "training_history.json").read_text())
+    assert history["steps"] == 2 and history["tasks"] == ["draft"]
+    model = ChatTransformersVLM(
+        model=str(tmp_path / "t" / "small"), top_logprobs=8, max_new_tokens=2
+    )
+    assert model.resize_spec.max_pixels == 128 * 128 and list(
+        model.processor.image_processor.image_mean
+    ) == [0.9, 0.9, 0.9]
