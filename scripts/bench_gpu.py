@@ -29,7 +29,7 @@ from speceyes_graph.prompts import (
     SPECULATOR_SYSTEM_PROMPT,
     format_question,
 )
-from speceyes_graph.tiny import _processor, _token_ids, build_tokenizer
+from speceyes_graph.tiny import _processor, build_qwen_vl, build_tokenizer
 from speceyes_tools import put_bytes
 
 FULL = {
@@ -123,40 +123,14 @@ def shrink(spec: dict) -> dict:
 
 
 def build(kind: str, scale: str, device: str, dtype: torch.dtype) -> ChatTransformersVLM:
-    from transformers import (
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen3VLConfig,
-        Qwen3VLForConditionalGeneration,
-    )
-
     spec = FULL[kind] if scale == "full" else shrink(FULL[kind])
     tok = build_tokenizer()
-    ids = _token_ids(tok)
-    specials = {k: ids.pop(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    cfg_cls, model_cls = (
-        (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration)
-        if kind == "large"
-        else (Qwen3VLConfig, Qwen3VLForConditionalGeneration)
-    )
-    config = cfg_cls(
-        text_config={**spec["text"], **specials},
-        vision_config=spec["vision"],
-        tie_word_embeddings=spec["tie"],
-        **ids,
-    )
     factor = 28 if kind == "large" else 32
-    processor = _processor(
-        kind,
-        tok,
-        4 * factor * factor,
-        1280 * factor * factor if scale == "full" else 64 * factor * factor,
-    )
+    max_pixels = (1280 if scale == "full" else 64) * factor * factor
+    processor = _processor(kind, tok, 4 * factor * factor, max_pixels)
     t0 = time.perf_counter()
     with torch.device(device):
-        model = model_cls._from_config(config, dtype=dtype).eval()
-    model.generation_config.eos_token_id = [specials["eos_token_id"]]
-    model.generation_config.pad_token_id = specials["pad_token_id"]
+        model = build_qwen_vl(kind, tok, spec["text"], spec["vision"], tie=spec["tie"], dtype=dtype)
     n = sum(p.numel() for p in model.parameters())
     print(
         f"{kind}: {type(model).__name__} {n / 1e9:.2f}B params, built in {time.perf_counter() - t0:.1f} s on {device}"

@@ -26,7 +26,14 @@ from .drawing import draw
 from .graph import create_speceyes_graph
 from .training import DEMO_PROMPTS, QUESTION, make_scene
 
-__all__ = ["demo_checkpoints", "demo_queries", "run_demo"]
+__all__ = [
+    "demo_checkpoints",
+    "demo_graph",
+    "demo_models",
+    "demo_queries",
+    "fixed_routes",
+    "run_demo",
+]
 
 EVAL_SEED = 20_251_130  # far from the training seeds
 
@@ -74,21 +81,56 @@ def demo_queries(
     return queries
 
 
-def _graphs(paths: dict[str, Path], batch_size: int) -> dict[str, Any]:
+def demo_models(batch_size: int = 16, paths: dict[str, Path] | None = None) -> dict[str, Any]:
+    """The shipped checkpoints as chat models, with the demo's generation settings."""
     from .models import ChatTransformersVLM
+
+    paths = paths or demo_checkpoints()
+    return {
+        "small": ChatTransformersVLM(
+            model=str(paths["small"]), top_logprobs=64, max_new_tokens=8, max_batch_size=batch_size
+        ),
+        "large": ChatTransformersVLM(
+            model=str(paths["large"]), max_new_tokens=96, max_batch_size=batch_size
+        ),
+    }
+
+
+def demo_graph(small: Any = None, large: Any = None, mode: str = "speceyes") -> Any:
+    """The uncompiled demo graph (demo prompts, published gate, at most 4 agent steps)."""
     from .separability import GateConfig
 
-    small = ChatTransformersVLM(
-        model=str(paths["small"]), top_logprobs=64, max_new_tokens=8, max_batch_size=batch_size
+    return create_speceyes_graph(
+        speculator=small,
+        agent=large,
+        mode=mode,
+        prompts=DEMO_PROMPTS,
+        gate=GateConfig(),
+        max_agent_steps=4,
     )
-    large = ChatTransformersVLM(
-        model=str(paths["large"]), max_new_tokens=96, max_batch_size=batch_size
+
+
+def fixed_routes(models: dict[str, Any], folder: Path, n: int, seed: int) -> list[dict[str, Any]]:
+    """Route and answer of each of ``n`` fixed queries (what the golden test replays)."""
+    queries = demo_queries(folder, n, seed=seed)
+    graph = demo_graph(models["small"], models["large"]).compile()
+    outs = graph.batch(
+        [{"question": q.question, "images": [q.image], "options": q.options} for q in queries],
+        {"max_concurrency": 16},
     )
-    common = {"prompts": DEMO_PROMPTS, "gate": GateConfig(), "max_agent_steps": 4}
+    return [
+        {"id": q.id, "route": o["route"], "answer": o["answer"]}
+        for q, o in zip(queries, outs, strict=True)
+    ]
+
+
+def _graphs(paths: dict[str, Path], batch_size: int) -> dict[str, Any]:
+    models = demo_models(batch_size, paths)
+    small, large = models["small"], models["large"]
     return {
-        "agent": create_speceyes_graph(agent=large, mode="agent", **common),
-        "speceyes": create_speceyes_graph(speculator=small, agent=large, mode="speceyes", **common),
-        "small": create_speceyes_graph(speculator=small, mode="small", **common),
+        "agent": demo_graph(large=large, mode="agent"),
+        "speceyes": demo_graph(small, large),
+        "small": demo_graph(small, mode="small"),
     }
 
 

@@ -249,77 +249,105 @@ _TEXT = {
 _MROPE_SECTION = [2, 3, 3]
 
 
-def _large_config(tok: Any, init_std: float = 0.02) -> Any:
-    """Qwen2.5-VL: windowed ViT (patch 14), vision out_hidden_size = text hidden size."""
-    from transformers import Qwen2_5_VLConfig
+def build_qwen_vl(
+    kind: str,
+    tok: Any,
+    text: dict[str, Any],
+    vision: dict[str, Any],
+    *,
+    tie: bool = True,
+    init_std: float | None = None,
+    dtype: Any = None,
+) -> Any:
+    """A random Qwen2.5-VL ("large") or Qwen3-VL ("small") model wired to ``tok``.
 
-    ids = _token_ids(tok)
-    specials = {k: ids.pop(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    text = {
-        **_TEXT,
-        **specials,
-        "vocab_size": len(tok),
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": 1_000_000.0,
-            "mrope_section": list(_MROPE_SECTION),
-        },
-    }
-    vision = {
-        "depth": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 2,
-        "patch_size": 14,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "out_hidden_size": _TEXT["hidden_size"],
-        "window_size": 112,
-        "fullatt_block_indexes": [1],
-        "tokens_per_second": 2,
-    }
-    text["initializer_range"] = vision["initializer_range"] = init_std
-    return Qwen2_5_VLConfig(
-        text_config=text,
-        vision_config=vision,
-        tie_word_embeddings=True,
-        initializer_range=init_std,
-        **ids,
+    Fills in what must agree with the tokenizer (special token ids, vocabulary size unless
+    given) and a greedy generation config stopping at ``<|im_end|>`` or pad. Shared by the
+    tiny test checkpoints, the demo training and the full-size GPU benchmark.
+    """
+    from transformers import (
+        GenerationConfig,
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen3VLConfig,
+        Qwen3VLForConditionalGeneration,
     )
 
-
-def _small_config(tok: Any, init_std: float = 0.02) -> Any:
-    """Qwen3-VL: patch-16 ViT with learned positions (a square count) and one deepstack layer."""
-    from transformers import Qwen3VLConfig
-
     ids = _token_ids(tok)
-    specials = {k: ids.pop(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    text = {
-        **_TEXT,
-        **specials,
-        "head_dim": _TEXT["hidden_size"] // _TEXT["num_attention_heads"],
-        "vocab_size": len(tok),
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": 5_000_000.0,
-            "mrope_section": list(_MROPE_SECTION),
-            "mrope_interleaved": True,
+    specials = {k: ids[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    placeholders = {k: v for k, v in ids.items() if k not in specials}
+    text = {"vocab_size": len(tok), **text, **specials}
+    vision = dict(vision)
+    extra: dict[str, Any] = {}
+    if init_std is not None:
+        text["initializer_range"] = vision["initializer_range"] = init_std
+        if kind == "large":
+            extra["initializer_range"] = init_std
+    config_cls, model_cls = {
+        "large": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration),
+        "small": (Qwen3VLConfig, Qwen3VLForConditionalGeneration),
+    }[kind]
+    config = config_cls(
+        text_config=text, vision_config=vision, tie_word_embeddings=tie, **extra, **placeholders
+    )
+    model = model_cls._from_config(config, dtype=dtype) if dtype is not None else model_cls(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=ids["bos_token_id"],
+        eos_token_id=[ids["eos_token_id"], ids["pad_token_id"]],
+        pad_token_id=ids["pad_token_id"],
+        do_sample=False,
+    )
+    return model.eval()
+
+
+# Tiny towers: vision out_hidden_size = text hidden size; patch 14 (Qwen2.5-VL) / 16 (Qwen3-VL).
+_TINY_VISION = {
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "out_hidden_size": _TEXT["hidden_size"],
+}
+TINY_ARCH = {
+    "large": (
+        {
+            **_TEXT,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1_000_000.0,
+                "mrope_section": list(_MROPE_SECTION),
+            },
         },
-    }
-    vision = {
-        "depth": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 2,
-        "patch_size": 16,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "out_hidden_size": _TEXT["hidden_size"],
-        "num_position_embeddings": 64,  # an 8x8 grid, bilinearly interpolated to any image
-        "deepstack_visual_indexes": [0],
-    }
-    text["initializer_range"] = vision["initializer_range"] = init_std
-    return Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
+        {
+            **_TINY_VISION,
+            "patch_size": 14,
+            "window_size": 112,
+            "fullatt_block_indexes": [1],
+            "tokens_per_second": 2,
+        },
+    ),
+    "small": (
+        {
+            **_TEXT,
+            "head_dim": _TEXT["hidden_size"] // _TEXT["num_attention_heads"],
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 5_000_000.0,
+                "mrope_section": list(_MROPE_SECTION),
+                "mrope_interleaved": True,
+            },
+        },
+        # learned positions: an 8x8 grid (a square count), interpolated to any image; one deepstack layer
+        {
+            **_TINY_VISION,
+            "patch_size": 16,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0],
+        },
+    ),
+}
 
 
 def _processor(kind: str, tok: Any, min_pixels: int, max_pixels: int) -> Any:
@@ -371,34 +399,18 @@ def make_tiny_models(
     would make batched-vs-unbatched and routing tests vacuous.
     """
     import torch
-    from transformers import (
-        GenerationConfig,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen3VLForConditionalGeneration,
-    )
 
     out = Path(out_dir)
     tok = build_tokenizer()
-    ids = _token_ids(tok)
     budgets = {
         "large": (56 * 56, image_max_pixels),
         "small": (64 * 64, image_max_pixels * 256 // 196),
     }
-    builders = {
-        "small": (_small_config, Qwen3VLForConditionalGeneration),
-        "large": (_large_config, Qwen2_5_VLForConditionalGeneration),
-    }
     paths: dict[str, Path] = {}
-    for kind, (make_config, model_cls) in builders.items():
+    for kind in ("small", "large"):
         path = out / kind
         torch.manual_seed(seed)
-        model = model_cls(make_config(tok, init_std)).eval()
-        model.generation_config = GenerationConfig(
-            bos_token_id=ids["bos_token_id"],
-            eos_token_id=[ids["eos_token_id"], ids["pad_token_id"]],
-            pad_token_id=ids["pad_token_id"],
-            do_sample=False,
-        )
+        model = build_qwen_vl(kind, tok, *TINY_ARCH[kind], init_std=init_std)
         _quiet_save(model, path)
         _processor(kind, tok, *budgets[kind]).save_pretrained(path)
         paths[kind] = path

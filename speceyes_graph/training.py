@@ -269,38 +269,22 @@ def build_demo_processor(kind: str) -> Any:
     return proc
 
 
-def build_demo_model(kind: str, tok: Any, seed: int) -> Any:
-    import torch
-    from transformers import (
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen3VLConfig,
-        Qwen3VLForConditionalGeneration,
-    )
-
-    from .tiny import _token_ids
-
-    ids = _token_ids(tok)
-    specials = {k: ids.pop(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    torch.manual_seed(seed)
-    if kind == "large":
-        text = dict(
+# The demo architectures (from the project's training notes): a 2.75M-parameter Qwen2.5-VL and a
+# 1.4M-parameter Qwen3-VL; head_dim 32, so mrope_section sums to 16.
+_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]}
+DEMO_ARCH = {
+    "large": (
+        dict(
             hidden_size=192,
             intermediate_size=512,
             num_hidden_layers=4,
             num_attention_heads=6,
             num_key_value_heads=2,
-            vocab_size=len(tok),
             max_position_embeddings=4096,
             rms_norm_eps=1e-6,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [4, 6, 6],
-            },
-            **specials,
-        )
-        vision = dict(
+            rope_parameters=_ROPE,
+        ),
+        dict(
             depth=3,
             hidden_size=128,
             intermediate_size=256,
@@ -312,31 +296,21 @@ def build_demo_model(kind: str, tok: Any, seed: int) -> Any:
             window_size=112,
             fullatt_block_indexes=[2],
             tokens_per_second=2,
-        )
-        config = Qwen2_5_VLConfig(
-            text_config=text, vision_config=vision, tie_word_embeddings=True, **ids
-        )
-        model = Qwen2_5_VLForConditionalGeneration(config)
-    else:
-        text = dict(
+        ),
+    ),
+    "small": (
+        dict(
             hidden_size=128,
             intermediate_size=384,
             num_hidden_layers=3,
             num_attention_heads=4,
             num_key_value_heads=2,
             head_dim=32,
-            vocab_size=len(tok),
             max_position_embeddings=4096,
             rms_norm_eps=1e-6,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [4, 6, 6],
-                "mrope_interleaved": True,
-            },
-            **specials,
-        )
-        vision = dict(
+            rope_parameters={**_ROPE, "mrope_interleaved": True},
+        ),
+        dict(
             depth=2,
             hidden_size=96,
             intermediate_size=192,
@@ -347,19 +321,18 @@ def build_demo_model(kind: str, tok: Any, seed: int) -> Any:
             temporal_patch_size=2,
             num_position_embeddings=64,
             deepstack_visual_indexes=[0],
-        )
-        config = Qwen3VLConfig(
-            text_config=text, vision_config=vision, tie_word_embeddings=True, **ids
-        )
-        model = Qwen3VLForConditionalGeneration(config)
-    from transformers import GenerationConfig
+        ),
+    ),
+}
 
-    model.generation_config = GenerationConfig(
-        eos_token_id=[specials["eos_token_id"], specials["pad_token_id"]],
-        pad_token_id=specials["pad_token_id"],
-        do_sample=False,
-    )
-    return model
+
+def build_demo_model(kind: str, tok: Any, seed: int) -> Any:
+    import torch
+
+    from .tiny import build_qwen_vl
+
+    torch.manual_seed(seed)
+    return build_qwen_vl(kind, tok, *DEMO_ARCH[kind])
 
 
 # --- data -----------------------------------------------------------------------------------------
