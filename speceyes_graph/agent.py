@@ -4,8 +4,13 @@ The standard pattern: a model node, a ``ToolNode``, and an edge back, bounded by
 ``max_steps`` model turns. Two protocols are spoken (see :mod:`.messages`): DeepEyes text
 (``<tool_call>`` JSON in plain text, parsed here defensively) and native tool calling.
 Everything a model writes is untrusted: malformed calls and unknown tools are recorded and
-answered with a corrective message; tool failures go back to the model as the tool's
-answer; a model exception fails only this query, recorded in ``error``.
+answered with a corrective message (the ``correct`` node); tool failures go back to the
+model as the tool's answer; a model exception or a passed deadline fails only this query,
+recorded in ``error``.
+
+The stored transcript holds no pixels and no system prompt: images are ``blob://``
+references (tool results are moved into the image store as they arrive), and the system
+prompt, the same for every query, is added only when the model is called.
 """
 
 from __future__ import annotations
@@ -20,21 +25,33 @@ from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemM
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.config import get_stream_writer
+from langgraph.constants import TAG_NOSTREAM
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 from typing_extensions import TypedDict
 
-from speceyes_tools.images import ImageStore, ResizeSpec
+from speceyes_tools.deadlines import (
+    DeadlineExceeded,
+    call_with_deadline,
+    check_deadline,
+    deadline_scope,
+)
+from speceyes_tools.images import ImageStore, ResizeSpec, default_store
 
-from .messages import Protocol, to_wire, user_message
+from .messages import Protocol, dehydrate, hydrate, to_wire, user_message
 from .prompts import NATIVE_AGENT_SYSTEM_PROMPT, Prompts, format_question, tools_system_prompt
 from .protocol import extract_answer, message_text, parse_deepeyes
 from .state import AgentStep, Draft, merge_timings
 
-__all__ = ["AgentLoopState", "create_agent_loop", "DEFAULT_MAX_STEPS"]
+__all__ = ["AgentLoopState", "create_agent_loop", "DEFAULT_MAX_STEPS", "recursion_limit"]
 
 DEFAULT_MAX_STEPS = 6
+
+
+def recursion_limit(max_steps: int) -> int:
+    """LangGraph supersteps the loop needs: a model turn plus a tool or correction per step."""
+    return 2 * max_steps + 4
 
 
 class AgentLoopInput(TypedDict, total=False):
@@ -42,6 +59,10 @@ class AgentLoopInput(TypedDict, total=False):
     images: list[str]
     options: list[str] | None
     draft: Draft | None
+    max_steps: int | None  # this run's bound (default: the one the loop was built with)
+    deadline: float | None  # absolute, time.time() seconds
+    model_timeout_s: float | None
+    tool_timeout_s: float | None
 
 
 class AgentLoopOutput(TypedDict, total=False):
@@ -56,6 +77,7 @@ class AgentLoopOutput(TypedDict, total=False):
 class AgentLoopState(AgentLoopInput, AgentLoopOutput, total=False):
     messages: Annotated[list[AnyMessage], add_messages]  # private working transcript
     steps: Annotated[list[AgentStep], operator.add]  # private: one per model turn
+    correction: str | None  # private: what to tell the model after a turn it cannot act on
     started_at: float
 
 
@@ -75,13 +97,15 @@ def create_agent_loop(
 ) -> StateGraph:
     """The uncompiled ``agent_loop`` subgraph.
 
-    ``max_steps`` bounds model turns (tool rounds included). When it is reached the query
-    ends with the best answer available: the loop's last ``<answer>``, else the rejected
-    draft if there was one; ``stop_reason`` says which.
+    ``max_steps`` bounds model turns (tool rounds included); an input ``max_steps`` overrides
+    it per run. When it is reached the query ends with the best answer available: the loop's
+    last ``<answer>``, else the rejected draft if there was one; ``stop_reason`` says which.
+    Compile and invoke with ``recursion_limit=recursion_limit(max_steps)`` or more.
     """
     if max_steps < 1:
         raise ValueError(f"max_steps must be at least 1, got {max_steps}")
     prompts = prompts or Prompts()
+    store = store or default_store()
     tools = list(tools)
     tool_names = {t.name for t in tools}
     if protocol == "deepeyes":
@@ -92,33 +116,39 @@ def create_agent_loop(
     else:
         system = prompts.agent_system or NATIVE_AGENT_SYSTEM_PROMPT
         bound = model.bind_tools(tools) if tools else model
+    bound = bound.with_config(tags=[TAG_NOSTREAM], run_name="agent_model")
 
-    def first_messages(state: AgentLoopState) -> list[AnyMessage]:
-        text = format_question(state.get("question"), state.get("options"))
-        if protocol == "deepeyes":
-            text += prompts.agent_suffix
-        return [
-            SystemMessage(content=system),
-            user_message(state.get("images"), text, resize, store),
-        ]
+    def steps_allowed(state: AgentLoopState) -> int:
+        return state.get("max_steps") or max_steps
 
     def agent(state: AgentLoopState) -> dict[str, Any]:
         started = state.get("started_at") or time.time()
         history = list(state.get("messages") or [])
-        new: list[AnyMessage] = [] if history else first_messages(state)
+        new: list[AnyMessage] = []
         step_no = len(state.get("steps") or []) + 1
         try:
-            t0 = time.perf_counter()
-            reply = bound.invoke(
-                to_wire(history + new, protocol, prompts.tool_response_instruction)
-            )
-            latency = time.perf_counter() - t0
+            with deadline_scope(state.get("deadline")):
+                check_deadline("agent loop")
+                if not history:
+                    text = format_question(state.get("question"), state.get("options"))
+                    if protocol == "deepeyes":
+                        text += prompts.agent_suffix
+                    new.append(user_message(state.get("images"), text, resize, store))
+                wire = to_wire(history + new, protocol, prompts.tool_response_instruction)
+                t0 = time.perf_counter()
+                reply = call_with_deadline(
+                    bound.invoke,
+                    [SystemMessage(content=system), *hydrate(wire, store)],
+                    timeout=state.get("model_timeout_s"),
+                    what="agent model call",
+                )
+                latency = time.perf_counter() - t0
         except Exception as exc:  # the model failed: this query fails, the batch goes on
             return {
                 "started_at": started,
                 "messages": new,
                 "error": f"agent model: {type(exc).__name__}: {exc}",
-                "stop_reason": "error",
+                "stop_reason": "deadline" if isinstance(exc, DeadlineExceeded) else "error",
             }
         text = message_text(reply)
         native_calls = list(getattr(reply, "tool_calls", None) or [])
@@ -136,8 +166,7 @@ def create_agent_loop(
         else:
             calls, problems = [], []
             answer = extract_answer(text) or (text.strip() or None)
-        ai = AIMessage(content=text, tool_calls=calls, id=getattr(reply, "id", None))
-        new.append(ai)
+        new.append(AIMessage(content=text, tool_calls=calls, id=getattr(reply, "id", None)))
         step: AgentStep = {
             "step": step_no,
             "model_text": text,
@@ -148,36 +177,65 @@ def create_agent_loop(
             "answer": answer,
             "problem": "; ".join(problems) or None,
         }
-        _emit({"agent_step": step})  # stream_mode="custom": watch the loop turn by turn
+        correction = None
         if not calls and answer is None:
-            # nothing to do: tell the model what went wrong, in the protocol's words
-            correction = "\n".join(problems) if problems else ""
-            new.append(
-                HumanMessage(
-                    content=(correction + "\n" if correction else "")
-                    + prompts.agent_suffix.lstrip("\n")
-                )
-            )
+            # nothing to do: the `correct` node tells the model what went wrong
+            correction = (
+                "\n".join(problems) + "\n" if problems else ""
+            ) + prompts.agent_suffix.lstrip("\n")
             if not problems:
                 step["problem"] = "no tool call and no <answer>"
-        return {"started_at": started, "messages": new, "steps": [step], "answer": answer}
+        _emit({"agent_step": step})  # stream_mode="custom": watch the loop turn by turn
+        return {
+            "started_at": started,
+            "messages": new,
+            "steps": [step],
+            "answer": answer,
+            "correction": correction,
+        }
 
-    def route(state: AgentLoopState) -> Literal["tools", "agent", "finish"]:
+    def route(state: AgentLoopState) -> Literal["tools", "correct", "finish"]:
         if state.get("error") or state.get("answer") is not None:
             return "finish"
-        if len(state.get("steps") or []) >= max_steps:
+        if len(state.get("steps") or []) >= steps_allowed(state):
             return "finish"
         last = state["messages"][-1]
         if isinstance(last, AIMessage) and last.tool_calls:
             return "tools"
-        return "agent"  # a corrective message was appended
+        return "correct"
+
+    def correct(state: AgentLoopState) -> dict[str, Any]:
+        return {"messages": [HumanMessage(content=state["correction"])]}
+
+    def after_tools(state: AgentLoopState) -> Literal["agent", "finish"]:
+        return "finish" if len(state.get("steps") or []) >= steps_allowed(state) else "agent"
+
+    def run_tool(request, execute):
+        """Each tool call: within the query's deadline and the tool timeout; pixels to the store."""
+        state = request.state if isinstance(request.state, dict) else {}
+        try:
+            with deadline_scope(state.get("deadline")):
+                result = call_with_deadline(
+                    execute,
+                    request,
+                    timeout=state.get("tool_timeout_s"),
+                    what=f"tool {request.tool_call['name']}",
+                )
+        except DeadlineExceeded as exc:
+            result = ToolMessage(
+                content=f"Error: {exc}",
+                tool_call_id=request.tool_call["id"],
+                name=request.tool_call["name"],
+                status="error",
+            )
+        return dehydrate(result, store) if isinstance(result, ToolMessage) else result
 
     def finish(state: AgentLoopState) -> dict[str, Any]:
         steps = [dict(s) for s in state.get("steps") or []]
         _attach_tool_results(steps, state.get("messages") or [])
         answer = state.get("answer")
         if state.get("error"):
-            reason = "error"
+            reason = state.get("stop_reason") or "error"
         elif answer is not None:
             reason = "answered"
         else:
@@ -195,11 +253,18 @@ def create_agent_loop(
 
     graph = StateGraph(AgentLoopState, input_schema=AgentLoopInput, output_schema=AgentLoopOutput)
     graph.add_node("agent", agent)
-    graph.add_node("tools", ToolNode(tools, handle_tool_errors=_tool_error) if tools else _no_tools)
+    graph.add_node(
+        "tools",
+        ToolNode(tools, handle_tool_errors=_tool_error, wrap_tool_call=run_tool)
+        if tools
+        else _no_tools,
+    )
+    graph.add_node("correct", correct)
     graph.add_node("finish", finish)
     graph.add_edge(START, "agent")
-    graph.add_conditional_edges("agent", route, ["tools", "agent", "finish"])
-    graph.add_conditional_edges("tools", _after_tools(max_steps), ["agent", "finish"])
+    graph.add_conditional_edges("agent", route, ["tools", "correct", "finish"])
+    graph.add_edge("correct", "agent")
+    graph.add_conditional_edges("tools", after_tools, ["agent", "finish"])
     graph.add_edge("finish", END)
     return graph
 
@@ -209,13 +274,6 @@ def _emit(event: dict[str, Any]) -> None:
         get_stream_writer()(event)
     except RuntimeError:  # called outside a graph run (no stream context)
         pass
-
-
-def _after_tools(max_steps: int):
-    def after_tools(state: AgentLoopState) -> Literal["agent", "finish"]:
-        return "finish" if len(state.get("steps") or []) >= max_steps else "agent"
-
-    return after_tools
 
 
 def _no_tools(state: AgentLoopState) -> dict[str, Any]:

@@ -13,8 +13,12 @@ def _placeholder_graph(mode: str, tools: str):
     from .graph import create_speceyes_graph
 
     judge, speculator, agent = make_example_models()
-    return create_speceyes_graph(
-        judge=judge, speculator=speculator, agent=agent, mode=mode, tools=tools
+    return create_speceyes_graph(  # only the models the mode uses, so only its nodes are drawn
+        judge=judge if mode == "speceyes" else None,
+        speculator=speculator if mode != "agent" else None,
+        agent=agent if mode != "small" else None,
+        mode=mode,
+        tools=tools,
     )
 
 

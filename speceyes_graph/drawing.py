@@ -32,12 +32,7 @@ def draw(graph, fmt: Format = "mermaid") -> str | bytes:
     if fmt == "mermaid":
         return g.draw_mermaid()
     if fmt == "ascii":
-        # grandalf cannot lay out self-loops (agent -> agent, the corrective turn): list them below
-        loops = [e for e in g.edges if e.source == e.target]
-        text = Graph(
-            nodes=dict(g.nodes), edges=[e for e in g.edges if e.source != e.target]
-        ).draw_ascii()
-        return text + "".join(f"\n(also: {e.source} -> {e.target}, a loop)" for e in loops)
+        return g.draw_ascii()
     if fmt == "dot":
         return to_dot(g)
     if fmt == "png":

@@ -1,13 +1,17 @@
 """The SpecEyes workflow as a LangGraph state graph.
 
-``judge -> speculate -> gate -> (END | agent_loop)``: the large model judges whether tools
-are needed; tool-free queries get a draft from the small model; the draft is kept when its
-answer separability clears tau; everything else runs the agent loop. Under
-``graph.batch()`` each query runs its own path concurrently, so (with a batching backend)
-model calls of many queries coalesce while slow tool loops proceed on their own.
+``intake -> judge -> speculate -> gate -> (END | agent_loop)``: ``intake`` checks the
+query and starts the run clean; the large model judges whether tools are needed;
+tool-free queries get a draft from the small model; the draft is kept when its answer
+separability clears tau; everything else runs the agent loop. Under ``graph.batch()`` each
+query runs its own path concurrently, so (with a batching backend) model calls of many
+queries coalesce while slow tool loops proceed on their own.
 
-Every node catches its own failures and records them in ``error``: one broken image or
-model error fails that query only.
+Failures are data: every node catches its own failures and records them in ``error``, so
+one broken image, hung model or malformed reply fails that query only (or, with
+``on_error="raise"``, fails that run, as a served graph wants). Every model call and the
+query as a whole have deadlines. Model calls are tagged ``nostream``: with
+``stream_mode="messages"`` a caller sees answers, not the judge's "yes" or the draft.
 """
 
 from __future__ import annotations
@@ -21,23 +25,53 @@ from typing import Any, Literal
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import SystemMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
+from langgraph.constants import TAG_NOSTREAM
 from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+from langgraph.types import Overwrite
 
-from speceyes_tools.images import ImageStore, ResizeSpec
+from speceyes_tools.deadlines import (
+    DeadlineExceeded,
+    call_with_deadline,
+    check_deadline,
+    deadline_scope,
+)
+from speceyes_tools.images import ImageStore, ResizeSpec, default_store
 
-from .agent import DEFAULT_MAX_STEPS, create_agent_loop
-from .messages import Protocol, user_message
+from .agent import DEFAULT_MAX_STEPS, create_agent_loop, recursion_limit
+from .messages import Protocol, hydrate, user_message
 from .prompts import Prompts, format_question
 from .protocol import message_text
-from .separability import GateConfig, SeparabilityError
-from .state import Draft, Mode, SpecEyesInput, SpecEyesOutput, SpecEyesState
+from .query import read_query
+from .separability import GateConfig
+from .settings import Limits, OnError, RunSettings, resolve_settings, run_overrides
+from .state import Draft, Mode, SpecEyesContext, SpecEyesInput, SpecEyesOutput, SpecEyesState
 from .toolsets import Toolset, build_tools, load_toolset
 
-__all__ = ["create_speceyes_graph", "parse_judge"]
+__all__ = ["SpecEyesError", "create_speceyes_graph", "parse_judge", "score_draft"]
 
 log = logging.getLogger(__name__)
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S)
+
+# What intake writes first: no output of an earlier run on the same thread survives.
+_CLEAN_RUN: dict[str, Any] = {
+    "answer": None,
+    "route": None,
+    "query_id": None,
+    "judge_output": None,
+    "draft": None,
+    "agent_messages": [],
+    "agent_steps": [],
+    "stop_reason": None,
+    "error": None,
+    "tool_free": None,
+}
+
+
+class SpecEyesError(RuntimeError):
+    """A query failed and the run was asked to raise (``on_error="raise"``)."""
 
 
 def parse_judge(text: str) -> bool:
@@ -68,6 +102,8 @@ def create_speceyes_graph(
     resize: ResizeSpec | None = None,
     speculator_resize: ResizeSpec | None = None,
     store: ImageStore | None = None,
+    limits: Limits | None = None,
+    on_error: OnError = "record",
 ) -> StateGraph:
     """Build the (uncompiled) SpecEyes graph; call ``.compile()`` with your checkpointer.
 
@@ -79,56 +115,149 @@ def create_speceyes_graph(
         agent: the large tool-calling model for the fallback loop.
         tools: a built-in toolset name (``deepeyes``, ``vision``), a TOML/YAML file, a
             :class:`Toolset`, or a list of LangChain tools.
-        mode: ``speceyes``; ``agent`` (baseline, every query to the loop); ``small`` (draft
-            only, never falls back; the gate score is still recorded).
-        gate: threshold, K, aggregation (defaults: tau 0.98, K 64, ``min``).
+        mode: the default mode: ``speceyes``; ``agent`` (baseline, every query to the loop);
+            ``small`` (draft only, never falls back; the gate score is still recorded). A run
+            may pick another mode (context ``mode``) if the graph has its models.
+        gate: threshold, K, aggregation (defaults: tau 0.98, K 64, ``min``); per run:
+            context ``tau``, ``k``, ``aggregation``.
         speculator_as_judge: use the small model as the judge (the paper's ablation).
-        protocol: ``deepeyes`` (tool calls as text), ``native`` (structured tool calls), or
-            ``auto``: ``deepeyes`` when the toolset is exactly ``image_zoom_in_tool``.
+        max_agent_steps: model turns of the agent loop (per run: ``max_agent_steps``, up to
+            ``limits.max_agent_steps``).
         judge_max_tokens, draft_max_tokens: generation lengths of phases I and II (the
             published 10 and 20), passed to the models as ``max_tokens``; None leaves the
             model's own setting.
+        protocol: ``deepeyes`` (tool calls as text), ``native`` (structured tool calls), or
+            ``auto``: ``deepeyes`` when the toolset is exactly ``image_zoom_in_tool``.
         resize: how the large model's processor resizes images (the frame of its boxes);
             by default taken from the agent model when it exposes ``resize_spec``
             (``ChatTransformersVLM`` does), else Qwen2.5-VL's defaults.
         speculator_resize: the same for the small model.
+        store: the image store: which image references are accepted (its ``policy``), where
+            crops and inputs are kept (its ``blobs``), decode cache and memory budget.
+        limits: deadlines, question and image counts, ceilings for per-run overrides.
+        on_error: ``record`` (a failed query returns with ``error`` set: right for batches)
+            or ``raise`` (the run fails with :class:`SpecEyesError`: right for servers).
     """
     gate = gate or GateConfig()
     prompts = prompts or Prompts()
+    store = store or default_store()
+    limits = limits or Limits()
     resize = resize or getattr(agent, "resize_spec", None) or ResizeSpec()
     speculator_resize = speculator_resize or getattr(speculator, "resize_spec", None) or resize
     judge_kwargs = {"max_tokens": judge_max_tokens} if judge_max_tokens else {}
     draft_kwargs = {"max_tokens": draft_max_tokens} if draft_max_tokens else {}
     if mode not in ("speceyes", "agent", "small"):
         raise ValueError(f"unknown mode {mode!r}; use 'speceyes', 'agent' or 'small'")
-    needs_agent = mode in ("speceyes", "agent")
-    needs_speculator = mode in ("speceyes", "small")
-    if needs_agent and agent is None:
+    if mode in ("speceyes", "agent") and agent is None:
         raise ValueError(f"mode {mode!r} needs an agent model (agent=...)")
-    if needs_speculator and speculator is None:
+    if mode in ("speceyes", "small") and speculator is None:
         raise ValueError(f"mode {mode!r} needs a speculator model (speculator=...)")
-    judge_model = speculator if speculator_as_judge else (judge or agent)
+    if not 1 <= max_agent_steps <= limits.max_agent_steps:
+        raise ValueError(
+            f"max_agent_steps must be 1..{limits.max_agent_steps}, got {max_agent_steps}"
+        )
+    judge_raw = speculator if speculator_as_judge else (judge or agent)
+    judge_resize = speculator_resize if speculator_as_judge else resize
+    available: set[str] = set()
+    if agent is not None:
+        available.add("agent")
+    if speculator is not None:
+        available.add("small")
+        if judge_raw is not None and agent is not None:
+            available.add("speceyes")
+    defaults = RunSettings(
+        tau=gate.tau,
+        k=gate.k,
+        aggregation=gate.aggregation,
+        mode=mode,
+        max_agent_steps=max_agent_steps,
+        query_timeout_s=limits.query_timeout_s,
+        model_timeout_s=limits.model_timeout_s,
+        tool_timeout_s=limits.tool_timeout_s,
+        on_error=on_error,
+    )
+    judge_model = _internal(judge_raw, "judge")
+    speculator_model = _internal(speculator, "speculator")
+    token_models = [m for m in (judge_raw, speculator, agent) if m is not None]
 
-    graph = StateGraph(SpecEyesState, input_schema=SpecEyesInput, output_schema=SpecEyesOutput)
+    graph = StateGraph(
+        SpecEyesState,
+        input_schema=SpecEyesInput,
+        output_schema=SpecEyesOutput,
+        context_schema=SpecEyesContext,
+    )
 
-    # --- phase I ------------------------------------------------------------------------------
+    def failed(state: SpecEyesState, phase: str, exc: BaseException, t0: float) -> dict[str, Any]:
+        message = f"{phase}: {type(exc).__name__}: {exc}"
+        log.info("query failed in %s: %s", phase, exc)
+        if (state.get("settings") or {}).get("on_error", on_error) == "raise":
+            raise SpecEyesError(message) from exc
+        return {"error": message, "timings": {phase: time.perf_counter() - t0}}
+
+    def call_model(state: SpecEyesState, model: Any, messages: list, what: str, **kwargs):
+        settings = state["settings"]
+        with deadline_scope(state.get("deadline")):
+            check_deadline(what)
+            return call_with_deadline(
+                model.invoke,
+                hydrate(messages, store),
+                timeout=settings["model_timeout_s"],
+                what=what,
+                **kwargs,
+            )
+
+    # --- intake: a clean run, a checked query ---------------------------------------------------
+    def intake(
+        state: SpecEyesState, runtime: Runtime[SpecEyesContext], config: RunnableConfig
+    ) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        clean = {**_CLEAN_RUN, "timings": Overwrite({})}
+        try:
+            settings = resolve_settings(run_overrides(runtime.context, config), defaults, limits)
+        except Exception as exc:
+            return {**clean, **_overwrite_timings(failed({}, "settings", exc, t0))}
+        clean["settings"] = settings.as_dict()
+        clean["deadline"] = deadline = time.time() + settings.query_timeout_s
+        try:
+            if settings.mode not in available:
+                raise ValueError(
+                    f"mode {settings.mode!r} needs models this graph was built without "
+                    f"(available modes: {sorted(available)})"
+                )
+            with deadline_scope(deadline):
+                query = read_query(state, store, limits, token_models)
+                for ref in query["images"]:
+                    store.get(ref)  # decode now: a broken image fails here, before any model
+        except Exception as exc:
+            return {**clean, **_overwrite_timings(failed(clean, "input", exc, t0))}
+        return {
+            **clean,
+            "query": query,
+            "query_id": query["query_id"],
+            "route": "agent-only" if settings.mode == "agent" else None,
+            "timings": Overwrite({"intake": time.perf_counter() - t0}),
+        }
+
+    def after_intake(state: SpecEyesState) -> str:
+        if state.get("error"):
+            return END
+        mode = state["settings"]["mode"]
+        return {"agent": "agent_loop", "small": "speculate", "speceyes": "judge"}[mode]
+
+    # --- phase I ----------------------------------------------------------------------------------
     def judge_node(state: SpecEyesState) -> dict[str, Any]:
         t0 = time.perf_counter()
+        query = state["query"]
         try:
-            text = (
-                format_question(state.get("question"), state.get("options")) + prompts.judge_suffix
-            )
-            judge_resize = speculator_resize if speculator_as_judge else resize
-            reply = judge_model.invoke(
-                [
-                    SystemMessage(content=prompts.judge_system),
-                    user_message(state.get("images"), text, judge_resize, store),
-                ],
-                **judge_kwargs,
-            )
+            text = format_question(query["question"], query["options"]) + prompts.judge_suffix
+            messages = [
+                SystemMessage(content=prompts.judge_system),
+                user_message(query["images"], text, judge_resize, store),
+            ]
+            reply = call_model(state, judge_model, messages, "judge", **judge_kwargs)
             output = message_text(reply).strip()
         except Exception as exc:
-            return _failed("judge", exc, t0)
+            return failed(state, "judge", exc, t0)
         tool_free = parse_judge(output)
         return {
             "judge_output": output,
@@ -137,51 +266,51 @@ def create_speceyes_graph(
             "timings": {"judge": time.perf_counter() - t0},
         }
 
-    # --- phase II -----------------------------------------------------------------------------
+    def after_judge(state: SpecEyesState) -> str:
+        if state.get("error"):
+            return END
+        return "speculate" if state.get("tool_free") else "agent_loop"
+
+    # --- phase II ---------------------------------------------------------------------------------
     def speculate_node(state: SpecEyesState) -> dict[str, Any]:
         t0 = time.perf_counter()
+        query, settings = state["query"], state["settings"]
         try:
-            text = (
-                format_question(state.get("question"), state.get("options"))
-                + prompts.speculator_suffix
-            )
-            reply = speculator.invoke(
-                [
-                    SystemMessage(content=prompts.speculator_system),
-                    user_message(state.get("images"), text, speculator_resize, store),
-                ],
-                **draft_kwargs,
-            )
+            text = format_question(query["question"], query["options"]) + prompts.speculator_suffix
+            messages = [
+                SystemMessage(content=prompts.speculator_system),
+                user_message(query["images"], text, speculator_resize, store),
+            ]
+            reply = call_model(state, speculator_model, messages, "speculator", **draft_kwargs)
         except Exception as exc:
-            if mode == "small":
-                return _failed("speculator", exc, t0)
+            if settings["mode"] == "small":
+                return failed(state, "speculator", exc, t0)
             draft: Draft = {
                 "text": "",
                 "accepted": False,
                 "error": f"speculator: {type(exc).__name__}: {exc}",
             }
             return {"draft": draft, "timings": {"speculate": time.perf_counter() - t0}}
-        draft = {"text": message_text(reply).strip(), **score_draft(reply, gate)}
+        gate_config = RunSettings(**settings).gate(gate)
+        draft = {"text": message_text(reply).strip(), **score_draft(reply, gate_config)}
+        if not draft["text"]:
+            draft.update(accepted=False, error=draft.get("error") or "the draft is empty")
         return {"draft": draft, "timings": {"speculate": time.perf_counter() - t0}}
 
-    # --- phase III ----------------------------------------------------------------------------
+    # --- phase III --------------------------------------------------------------------------------
     def gate_node(state: SpecEyesState) -> dict[str, Any]:
         draft = state.get("draft") or {}
-        if mode == "small":
-            return {"answer": draft.get("text"), "route": "draft-only"}
+        if state["settings"]["mode"] == "small":
+            return {"answer": draft.get("text") or None, "route": "draft-only"}
         if draft.get("accepted"):
             return {"answer": draft.get("text"), "route": "speculative"}
         return {"route": "rejected-agentic"}
 
-    def after_judge(state: SpecEyesState) -> Literal["speculate", "agent_loop", "__end__"]:
-        if state.get("error"):
-            return END
-        return "speculate" if state.get("tool_free") else "agent_loop"
-
-    def after_gate(state: SpecEyesState) -> Literal["agent_loop", "__end__"]:
+    def after_gate(state: SpecEyesState) -> str:
         return "agent_loop" if state.get("route") == "rejected-agentic" else END
 
-    if needs_agent:
+    # --- phase IV ---------------------------------------------------------------------------------
+    if agent is not None:
         toolset = tools if isinstance(tools, Sequence) and not isinstance(tools, str) else None
         tool_list = (
             list(toolset)
@@ -202,31 +331,71 @@ def create_speceyes_graph(
             resize=resize,
             store=store,
         ).compile(name="agent_loop")
-        graph.add_node("agent_loop", loop)
+
+        def agent_loop(state: SpecEyesState) -> dict[str, Any]:
+            t0 = time.perf_counter()
+            query, settings = state["query"], state["settings"]
+            try:
+                with deadline_scope(state.get("deadline")):
+                    check_deadline("agent loop")
+                out = loop.invoke(
+                    {
+                        "question": query["question"],
+                        "images": query["images"],
+                        "options": query["options"],
+                        "draft": state.get("draft"),
+                        "max_steps": settings["max_agent_steps"],
+                        "deadline": state.get("deadline"),
+                        "model_timeout_s": settings["model_timeout_s"],
+                        "tool_timeout_s": settings["tool_timeout_s"],
+                    },
+                    {"recursion_limit": recursion_limit(settings["max_agent_steps"])},
+                )
+            except DeadlineExceeded as exc:
+                return {**failed(state, "agent", exc, t0), "stop_reason": "deadline"}
+            except Exception as exc:
+                return failed(state, "agent", exc, t0)
+            if out.get("error") and settings["on_error"] == "raise":
+                raise SpecEyesError(out["error"])
+            return out
+
+        graph.add_node("agent_loop", agent_loop)
         graph.add_edge("agent_loop", END)
 
-    if mode == "agent":
-        graph.add_node("baseline", lambda state: {"route": "agent-only"})
-        graph.add_edge(START, "baseline")
-        graph.add_edge("baseline", "agent_loop")
-        return graph
-
-    graph.add_node("speculate", speculate_node)
-    graph.add_node("gate", gate_node)
-    graph.add_edge("speculate", "gate")
-    if mode == "small":
-        graph.add_edge(START, "speculate")
-        graph.add_edge("gate", END)
-        return graph
-    graph.add_node("judge", judge_node)
-    graph.add_edge(START, "judge")
-    graph.add_conditional_edges("judge", after_judge, ["speculate", "agent_loop", END])
-    graph.add_conditional_edges("gate", after_gate, ["agent_loop", END])
+    graph.add_node("intake", intake)
+    graph.add_edge(START, "intake")
+    first = {"agent": "agent_loop", "small": "speculate", "speceyes": "judge"}
+    graph.add_conditional_edges(
+        "intake", after_intake, [first[m] for m in sorted(available)] + [END]
+    )
+    if speculator is not None:
+        graph.add_node("speculate", speculate_node)
+        graph.add_node("gate", gate_node)
+        graph.add_edge("speculate", "gate")
+        graph.add_conditional_edges(
+            "gate", after_gate, (["agent_loop"] if agent is not None else []) + [END]
+        )
+    if "speceyes" in available:
+        graph.add_node("judge", judge_node)
+        graph.add_conditional_edges("judge", after_judge, ["speculate", "agent_loop", END])
     return graph
 
 
+def _internal(model: BaseChatModel | None, name: str) -> Any:
+    """Internal model calls: hidden from stream_mode="messages", named in traces."""
+    return None if model is None else model.with_config(tags=[TAG_NOSTREAM], run_name=name)
+
+
+def _overwrite_timings(update: dict[str, Any]) -> dict[str, Any]:
+    return {**update, "timings": Overwrite(update.get("timings") or {})}
+
+
 def score_draft(reply: Any, gate: GateConfig) -> dict[str, Any]:
-    """Gate fields for a speculator reply; a draft that cannot be scored is rejected, with why."""
+    """Gate fields for a speculator reply; a draft that cannot be scored is rejected, with why.
+
+    Log-probs come from a model or a server and are untrusted: any malformed shape becomes a
+    recorded rejection, never an exception.
+    """
     logprobs = (getattr(reply, "response_metadata", None) or {}).get("logprobs")
     if not logprobs:
         log.warning(
@@ -239,13 +408,5 @@ def score_draft(reply: Any, gate: GateConfig) -> dict[str, Any]:
         }
     try:
         return gate.evaluate(logprobs)
-    except SeparabilityError as exc:
-        return {"accepted": False, "error": f"gate: {exc}"}
-
-
-def _failed(phase: str, exc: Exception, t0: float) -> dict[str, Any]:
-    log.info("query failed in %s: %s", phase, exc)
-    return {
-        "error": f"{phase}: {type(exc).__name__}: {exc}",
-        "timings": {phase: time.perf_counter() - t0},
-    }
+    except Exception as exc:
+        return {"accepted": False, "error": f"gate: {type(exc).__name__}: {exc}"}

@@ -1,8 +1,14 @@
 """How queries and tool results become chat messages for a model.
 
+Messages in graph state carry images as *references*: a standard LangChain image block
+whose ``url`` is a ``blob://`` key of the image store. :func:`hydrate` turns those into
+base64 blocks only for the model call (the bytes never enter a checkpoint), and
+:func:`dehydrate` does the reverse for anything arriving with pixels (a tool's zoomed crop,
+an image a chat user pasted).
+
 The agent loop stores a standard LangChain transcript (an ``AIMessage`` with
 ``tool_calls``, then ``ToolMessage`` results whose content may hold images). What a model
-is *sent* is a view of that transcript in its protocol:
+is *sent* is a view of that transcript in its protocol (:func:`to_wire`):
 
 - ``deepeyes``: the assistant turn as plain text with ``<tool_call>`` JSON, and the
   results as one **user** turn ``<tool_response>`` + image + instruction +
@@ -14,16 +20,26 @@ is *sent* is a view of that transcript in its protocol:
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
+from speceyes_tools.blobs import is_blob_key
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store
 
 from .protocol import format_tool_call, message_text
 
-__all__ = ["Protocol", "image_blocks", "to_wire", "user_message"]
+__all__ = [
+    "Protocol",
+    "dehydrate",
+    "hydrate",
+    "image_blocks",
+    "image_ref",
+    "to_wire",
+    "user_message",
+]
 
 Protocol = Literal["deepeyes", "native"]
 
@@ -31,10 +47,10 @@ Protocol = Literal["deepeyes", "native"]
 def image_blocks(
     images: Sequence[str] | None, resize: ResizeSpec | None = None, store: ImageStore | None = None
 ) -> list[dict]:
-    """LangChain standard image blocks of the query's images, at the size the model uses."""
+    """Reference blocks of the query's images, at the size the model uses."""
     store = store or default_store()
     return [
-        {"type": "image", "base64": store.model_view(ref, resize), "mime_type": "image/png"}
+        {"type": "image", "url": store.model_view(ref, resize), "mime_type": "image/png"}
         for ref in images or []
     ]
 
@@ -58,6 +74,80 @@ def _blocks(content: object) -> list[dict]:
     for block in content or []:  # type: ignore[union-attr]
         out.append({"type": "text", "text": block} if isinstance(block, str) else block)
     return out
+
+
+# --- references <-> pixels ---------------------------------------------------------------------
+
+
+def image_ref(block: Any) -> str | None:
+    """The ``blob://`` key of a reference block, else None."""
+    if isinstance(block, dict) and block.get("type") == "image" and is_blob_key(block.get("url")):
+        return block["url"]
+    return None
+
+
+def _inline_bytes(block: Any) -> bytes | None:
+    """Pixels carried inline by an image block (LangChain standard or OpenAI format)."""
+    if not isinstance(block, dict):
+        return None
+    kind = block.get("type")
+    data = None
+    if kind == "image" and block.get("base64"):
+        data = block["base64"]
+    elif kind == "image" and block.get("source_type") == "base64" and block.get("data"):
+        data = block["data"]
+    elif kind == "image" and isinstance(block.get("url"), str) and block["url"].startswith("data:"):
+        data = block["url"].partition(",")[2]
+    elif kind == "image_url":
+        url = block.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if isinstance(url, str) and url.startswith("data:"):
+            data = url.partition(",")[2]
+    if data is None:
+        return None
+    return data if isinstance(data, bytes) else base64.b64decode(data)
+
+
+def _map_images(message: BaseMessage, fn) -> BaseMessage:
+    if not isinstance(message.content, list):
+        return message
+    changed, content = False, []
+    for block in message.content:
+        new = fn(block)
+        changed |= new is not block
+        content.append(new)
+    return message.model_copy(update={"content": content}) if changed else message
+
+
+def hydrate(messages: Sequence[BaseMessage], store: ImageStore | None = None) -> list[BaseMessage]:
+    """Messages for a model call: reference blocks replaced by base64 blocks."""
+    store = store or default_store()
+
+    def fill(block: Any) -> Any:
+        key = image_ref(block)
+        if key is None:
+            return block
+        data, mime = store.base64(key)
+        return {"type": "image", "base64": data, "mime_type": mime}
+
+    return [_map_images(m, fill) for m in messages]
+
+
+def dehydrate(message: BaseMessage, store: ImageStore | None = None) -> BaseMessage:
+    """The message with inline image data moved into the store (reference blocks instead)."""
+    store = store or default_store()
+
+    def keep(block: Any) -> Any:
+        data = _inline_bytes(block)
+        if data is None:
+            return block
+        key = store.put(data)
+        return {"type": "image", "url": key, "mime_type": block.get("mime_type", "image/png")}
+
+    return _map_images(message, keep)
+
+
+# --- the wire format of each protocol ----------------------------------------------------------
 
 
 def to_wire(

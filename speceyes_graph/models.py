@@ -33,7 +33,8 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from speceyes_tools.images import ResizeSpec, load_image
+from speceyes_tools.blobs import is_blob_key
+from speceyes_tools.images import ResizeSpec, default_store, load_image
 
 from .batching import BatchScheduler
 from .protocol import parse_deepeyes
@@ -46,6 +47,11 @@ _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"
 _PRELOADED = threading.local()  # hands a built model to __init__ (see from_components)
 
 
+def _pixels(ref: str) -> np.ndarray:
+    """A ``blob://`` reference from the default image store, or any URL / path (uncached)."""
+    return default_store().get(ref) if is_blob_key(ref) else load_image(ref)
+
+
 def _block_image(block: dict) -> np.ndarray | None:
     """Pixels of a LangChain / OpenAI image content block, or None if it is not an image."""
     kind = block.get("type")
@@ -55,7 +61,7 @@ def _block_image(block: dict) -> np.ndarray | None:
             if isinstance(block.get("image_url"), dict)
             else block.get("image_url")
         )
-        return load_image(url)
+        return _pixels(url)
     if kind != "image":
         return None
     if block.get("base64") or block.get("source_type") == "base64":
@@ -63,7 +69,7 @@ def _block_image(block: dict) -> np.ndarray | None:
         mime = block.get("mime_type", "image/png")
         return load_image(f"data:{mime};base64,{data}")
     if block.get("url"):
-        return load_image(block["url"])
+        return _pixels(block["url"])
     if block.get("data") is not None:  # raw bytes
         raw = block["data"]
         return load_image("data:image/png;base64," + base64.b64encode(raw).decode())

@@ -28,6 +28,7 @@ class ScriptedChatModel(BaseChatModel):
     calls: int = 0
     bound_tools: list[Any] = []
     call_kwargs: list[dict[str, Any]] = []  # generation kwargs of each call, e.g. max_tokens
+    received: list[list[BaseMessage]] = []  # the messages of each call, as the model got them
 
     @property
     def _llm_type(self) -> str:
@@ -42,6 +43,7 @@ class ScriptedChatModel(BaseChatModel):
     ) -> ChatResult:
         self.calls += 1
         self.call_kwargs.append({"stop": stop, **kwargs})
+        self.received.append(list(messages))
         out = self.respond(messages)
         message = out if isinstance(out, AIMessage) else AIMessage(content=str(out))
         return ChatResult(generations=[ChatGeneration(message=message)])

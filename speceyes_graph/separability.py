@@ -199,16 +199,19 @@ def top_logprob_values(token_entry: Any) -> list[float]:
             raise SeparabilityError("token entry has top_logprobs=None (request top_logprobs=K)")
     elif hasattr(entry, "top_logprobs"):  # pydantic objects from the openai client
         entry = entry.top_logprobs
-    if isinstance(entry, Mapping):
-        values = list(entry.values())
-    else:
-        values = [
-            (e["logprob"] if isinstance(e, Mapping) else getattr(e, "logprob", e)) for e in entry
-        ]
+    if entry is None or isinstance(entry, (str, bytes, int, float)):
+        raise SeparabilityError(f"malformed top_logprobs entry: {token_entry!r:.80}")
     try:
+        if isinstance(entry, Mapping):
+            values = list(entry.values())
+        else:
+            values = [
+                (e["logprob"] if isinstance(e, Mapping) else getattr(e, "logprob", e))
+                for e in entry
+            ]
         return [float(v) for v in values]
-    except (TypeError, ValueError) as exc:
-        raise SeparabilityError(f"malformed top_logprobs entry: {token_entry!r}") from exc
+    except (TypeError, ValueError, KeyError) as exc:
+        raise SeparabilityError(f"malformed top_logprobs entry: {token_entry!r:.80}") from exc
 
 
 def _logprob_matrix(top_logprobs: Any, k: int, clamp: bool) -> np.ndarray:
@@ -297,10 +300,16 @@ def softmax_confidence_from_logprobs(top_logprobs: Any) -> float:
     return float(np.exp(firsts.mean()))
 
 
-def _content(top_logprobs: Any) -> Any:
-    if isinstance(top_logprobs, Mapping):
-        return top_logprobs.get("content") or []
-    return top_logprobs
+def _content(top_logprobs: Any) -> Sequence:
+    """The per-token entries of OpenAI-format ``logprobs`` (or the list itself)."""
+    content = top_logprobs.get("content") if isinstance(top_logprobs, Mapping) else top_logprobs
+    if content is None:
+        return []
+    if isinstance(content, (str, bytes)) or not isinstance(content, Sequence):
+        raise SeparabilityError(
+            f"malformed logprobs: expected a list of tokens, got {content!r:.80}"
+        )
+    return content
 
 
 # --- the gate as a configured decision ------------------------------------------------------
@@ -334,6 +343,19 @@ class GateConfig:
             raise ValueError(f"k must be at least 2, got {k}")
         self.tau, self.k, self.aggregation, self.alpha, self.q = tau, k, aggregation, alpha, q
         self.score, self.clamp = score, clamp
+
+    def replace(self, **changes: Any) -> GateConfig:
+        """A copy with some settings changed (per-run overrides)."""
+        settings = {
+            "tau": self.tau,
+            "k": self.k,
+            "aggregation": self.aggregation,
+            "alpha": self.alpha,
+            "q": self.q,
+            "score": self.score,
+            "clamp": self.clamp,
+        }
+        return GateConfig(**{**settings, **changes})
 
     def __repr__(self) -> str:
         return (

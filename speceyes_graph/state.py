@@ -1,10 +1,18 @@
 """The typed state of the SpecEyes graph: what goes in, what comes out, what stays inside.
 
-Images travel as *references* (paths, URLs, ``mem://`` keys), never as pixels, so a
-checkpointer stores a few bytes per image. The top-level state has no list reducers:
-every list is written once by the node that owns it, so embedding the compiled graph in a
-parent graph can never apply a list reducer twice. ``timings`` merges dicts, which is
-idempotent for the same update.
+**Every run starts clean.** The input keys are *untracked* channels: they exist while a run
+reads them and are never checkpointed, so a later run on the same thread cannot inherit an
+earlier run's images or options, and a ``data:`` URL is never written to a checkpoint. The
+first node (``intake``) validates them into ``query`` and resets every output key, so a run
+never returns an earlier run's answer, route, steps or error.
+
+**No pixels in state.** Images travel as references (paths, URLs, ``blob://`` keys of the
+image store); the agent's messages carry ``blob://`` image blocks that become bytes only
+when a model is called. A checkpoint stores a few bytes per image.
+
+**No list reducers at the top level.** Every list is written once by the node that owns it,
+so embedding the compiled graph in a parent graph can never apply a list reducer twice.
+``timings`` merges dicts (idempotent) and is reset by ``intake`` with ``Overwrite``.
 """
 
 from __future__ import annotations
@@ -12,13 +20,17 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from langchain_core.messages import AnyMessage
+from langgraph.channels import UntrackedValue
+from pydantic import Field
 from typing_extensions import Required, TypedDict
 
 __all__ = [
     "AgentStep",
     "Draft",
     "Mode",
+    "Query",
     "Route",
+    "SpecEyesContext",
     "SpecEyesInput",
     "SpecEyesOutput",
     "SpecEyesState",
@@ -73,24 +85,138 @@ class AgentStep(TypedDict, total=False):
     problem: str | None  # a protocol problem that was corrected (malformed JSON, unknown tool...)
 
 
-class SpecEyesInput(TypedDict, total=False):
-    question: Required[str]
-    images: list[str]  # references: file paths, file:// / http(s):// / data: URLs, mem:// keys
-    options: list[str] | None  # multiple-choice options, shown as A., B., ...
+class Query(TypedDict):
+    """A validated query, as ``intake`` writes it: what every later node reads."""
+
+    question: str
+    images: list[str]  # stable references: resolved paths or blob:// keys
+    options: list[str] | None
     query_id: str | None
 
 
+def _untracked(typ: type) -> UntrackedValue:
+    return UntrackedValue(typ, guard=False)
+
+
+class SpecEyesInput(TypedDict, total=False):
+    """One visual question. Send the image itself (``data:`` URL) or a reference to it."""
+
+    question: Required[
+        Annotated[
+            str,
+            _untracked(str),
+            Field(description="The question about the image(s), in plain text."),
+        ]
+    ]
+    images: Annotated[
+        list[str],
+        _untracked(list),
+        Field(
+            description=(
+                "The query's images, as a list of references: 'data:image/png;base64,...' "
+                "URLs, https:// URLs, or (where the deployment allows) local paths and "
+                "http:// URLs. Served graphs accept data: and public https URLs by default."
+            )
+        ),
+    ]
+    options: Annotated[
+        list[str] | None,
+        _untracked(list),
+        Field(
+            description="Multiple-choice options (at most 26), shown to the models as A., B., ...; "
+            "omit for open questions."
+        ),
+    ]
+    query_id: Annotated[
+        str | None, Field(description="Your identifier for this query, echoed in the output.")
+    ]
+
+
 class SpecEyesOutput(TypedDict, total=False):
-    answer: str | None
-    route: Route | None
-    judge_output: str | None
-    draft: Draft | None
-    agent_messages: list[AnyMessage]
-    agent_steps: list[AgentStep]
-    stop_reason: str | None  # why the agent loop ended: answered, step_limit, no_tool_call...
-    timings: Annotated[dict[str, float], merge_timings]  # seconds per phase
-    error: str | None  # set when the query failed; other queries are unaffected
+    """The answer, where it came from, and the evidence."""
+
+    answer: Annotated[str | None, Field(description="The final answer (None if the query failed).")]
+    route: Annotated[
+        Route | None,
+        Field(
+            description="speculative (small model, gate accepted), judged-agentic (the judge "
+            "asked for tools), rejected-agentic (the gate rejected the draft), agent-only or "
+            "draft-only (baseline modes)."
+        ),
+    ]
+    query_id: Annotated[str | None, Field(description="The query_id sent with the input.")]
+    judge_output: Annotated[
+        str | None, Field(description="What the large model answered to 'would tools help?'.")
+    ]
+    draft: Annotated[
+        Draft | None,
+        Field(
+            description="The small model's answer with its separability score and top-K log-probs."
+        ),
+    ]
+    agent_messages: Annotated[
+        list[AnyMessage],
+        Field(description="The agent loop's transcript (images as blob:// references)."),
+    ]
+    agent_steps: Annotated[
+        list[AgentStep],
+        Field(description="Every agent turn: model text, tool calls, boxes, latencies."),
+    ]
+    stop_reason: Annotated[
+        str | None,
+        Field(description="Why the agent loop ended: answered, step_limit, deadline, error, ..."),
+    ]
+    timings: Annotated[  # the reducer must be the last annotation (LangGraph reads meta[-1])
+        dict[str, float],
+        Field(description="Wall time per phase, in seconds."),
+        merge_timings,
+    ]
+    error: Annotated[
+        str | None, Field(description="Why the query failed; None when it was answered.")
+    ]
 
 
 class SpecEyesState(SpecEyesInput, SpecEyesOutput, total=False):
-    tool_free: bool | None  # private: the judge's parsed decision
+    query: Query  # the validated input (checkpointed; the raw input is not)
+    settings: dict[str, Any]  # this run's resolved settings (see settings.RunSettings)
+    deadline: float  # this query's absolute deadline, time.time() seconds
+    tool_free: bool | None  # the judge's parsed decision
+
+
+class SpecEyesContext(TypedDict, total=False):
+    """Per-run settings (``graph.invoke(..., context={...})``, or a LangGraph assistant's
+    context). Unset keys keep the graph's defaults; deadlines and steps are capped by the
+    deployment's :class:`~speceyes_graph.settings.Limits`."""
+
+    tau: Annotated[
+        float,
+        Field(
+            description="Gate threshold in [0, 1]; a draft is accepted when sigmoid(0.6*S) > tau.",
+            ge=0,
+            le=1,
+        ),
+    ]
+    k: Annotated[
+        int, Field(description="Top-K logits per token used by the separability score.", ge=2)
+    ]
+    aggregation: Annotated[
+        Literal["min", "mean", "bottom-q"],
+        Field(description="How token scores combine into the answer's score (min is published)."),
+    ]
+    mode: Annotated[
+        Mode,
+        Field(
+            description="speceyes (the method), agent (every query to the tool loop), small (draft only)."
+        ),
+    ]
+    max_agent_steps: Annotated[
+        int, Field(description="Model turns allowed in the agent loop.", ge=1)
+    ]
+    query_timeout_s: Annotated[
+        float, Field(description="Wall-clock deadline for the whole query.", gt=0)
+    ]
+    model_timeout_s: Annotated[float, Field(description="Deadline for each model call.", gt=0)]
+    on_error: Annotated[
+        Literal["record", "raise"],
+        Field(description="record: a failed query returns with 'error' set; raise: the run fails."),
+    ]

@@ -138,13 +138,13 @@ def test_deepeyes_model_drives_the_loop_end_to_end(scene):
     x1, y1, x2, y2 = tc["box"]  # box after mapping to the original and clamping
     assert abs(x1 - 94) <= 1 and abs(x2 - 209) <= 1 and abs(y1 - 94) <= 1 and abs(y2 - 208) <= 1
     assert step2["answer"] == "A" and step1["model_latency_s"] >= 0
-    sent = agent_last_prompt(out)
+    stored = out["agent_messages"]  # the transcript in state: no system prompt, no pixels
+    assert [m.type for m in stored] == ["human", "ai", "tool", "ai"]
+    assert "Think first, call **image_zoom_in_tool**" in message_text(stored[0])
+    sent = agent.received[-1]  # what the model got: system prompt first, images inline
     assert sent[0].type == "system" and "image_zoom_in_tool" in sent[0].content
-    assert "Think first, call **image_zoom_in_tool**" in message_text(sent[1])
-
-
-def agent_last_prompt(out):
-    return to_wire(out["agent_messages"], "deepeyes")
+    assert [m.type for m in sent] == ["system", "human", "ai", "human"]
+    assert any(b.get("base64") for b in sent[-1].content if isinstance(b, dict))
 
 
 def test_native_tool_calling_model(scene):

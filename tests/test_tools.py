@@ -245,12 +245,14 @@ def test_truncated_and_corrupt_files(tmp_path):
     (tmp_path / "cut.jpg").write_bytes(data[: len(data) // 2])
     with pytest.raises(ImageLoadError, match="corrupt or truncated"):
         load_image(str(tmp_path / "cut.jpg"))
-    with pytest.raises(ImageLoadError, match="could not read"):
+    with pytest.raises(ImageLoadError, match="not found"):
         load_image(str(tmp_path / "nope.jpg"))
-    with pytest.raises(ImageLoadError, match="unknown in-memory"):
+    with pytest.raises(ImageLoadError, match="unsupported image reference"):
         load_image("mem://0000")
+    with pytest.raises(ImageLoadError, match="not in this image store"):
+        load_image("blob://" + "0" * 64)
     ref = put_bytes(data)
-    assert load_image(ref).shape == (300, 400, 3)
+    assert default_store().get(ref).shape == (300, 400, 3)
     import base64
 
     assert load_image("data:image/jpeg;base64," + base64.b64encode(data).decode()).shape == (

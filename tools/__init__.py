@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .blobs import BlobStore, DirectoryBlobs, MemoryBlobs
+from .deadlines import DeadlineExceeded, call_with_deadline, deadline_scope
 from .geometry import BoxError, Coordinates, PixelBox, clamp_box, parse_box, to_original
 from .images import (
     ImageLoadError,
+    ImagePolicy,
+    ImagePolicyError,
     ImageStore,
     ResizeSpec,
     default_store,
@@ -46,17 +50,25 @@ def __getattr__(name: str) -> BaseTool:
 
 
 __all__ = [
+    "BlobStore",
     "BoxError",
     "Coordinates",
+    "DeadlineExceeded",
+    "DirectoryBlobs",
     "ImageLoadError",
+    "ImagePolicy",
+    "ImagePolicyError",
     "ImageStore",
+    "MemoryBlobs",
     "OCRUnavailable",
     "PixelBox",
     "ResizeSpec",
     "check_tesseract",
+    "call_with_deadline",
     "clamp_box",
     "crop",
     "crop_array",
+    "deadline_scope",
     "default_store",
     "encode_image",
     "image_zoom_in_tool",

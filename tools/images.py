@@ -1,47 +1,72 @@
 """Image references, decoding once per query, and the resize the model sees.
 
-Graph state carries *references* (a path, a ``file://`` or ``data:`` URL, an ``http(s)``
-URL, or a ``mem://`` key for bytes registered with :func:`put_bytes`) so that checkpoints
-never hold pixel copies. :class:`ImageStore` decodes a reference once and keeps the
-decoded RGB array in a small LRU bounded by bytes, so the judge, the speculator and every
-tool step of one query share one decode of a 4K/8K image.
+Graph state carries *references*, never pixels: a path, a ``file://``, ``data:`` or
+``http(s)://`` URL from the caller, or a ``blob://<sha256>`` key of bytes the store holds
+(a fetched or ``data:`` input, a zoomed crop, the image as a model sees it). A checkpoint
+therefore stores a few dozen bytes per image.
 
-PIL's decompression-bomb guard stays on; corrupt, truncated or oversized images raise
-:class:`ImageLoadError` with the reference in the message, which the graph records as
-that query's error.
+:class:`ImageStore` is the one place references become pixels:
+
+- :meth:`~ImageStore.intern` turns a caller's reference into a stable one under the store's
+  :class:`~speceyes_tools.sources.ImagePolicy` (``data:`` and URLs are read once and kept
+  as blobs; paths are checked and resolved);
+- :meth:`~ImageStore.get` decodes once and keeps the RGB array in an LRU bounded by bytes,
+  keyed by content (blob keys) or by (path, size, mtime) for files, so a file rewritten
+  under the same name is read again; every image is checked against a pixel cap before it
+  is decoded, and decodes wait for a memory budget, so a batch of huge images cannot
+  exhaust memory;
+- :meth:`~ImageStore.model_view` gives the blob key of the image as a model sees it (smart
+  resize), which messages in state carry and which is turned into bytes only when a model
+  is called (:meth:`~ImageStore.base64`).
+
+Corrupt, truncated, oversized or refused images raise :class:`ImageLoadError`, which the
+graph records as that query's error.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import io
 import math
+import os
 import threading
-import urllib.parse
-import urllib.request
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
+from .blobs import BLOB_SCHEME, BlobStore, MemoryBlobs, blob_key, is_blob_key
+from .deadlines import time_left
+from .sources import (
+    ImageLoadError,
+    ImagePolicy,
+    ImagePolicyError,
+    _file_path,
+    fetch_url,
+    read_data_url,
+    read_file,
+    redact,
+    resolve_file,
+)
+
 __all__ = [
     "ImageLoadError",
+    "ImagePolicy",
+    "ImagePolicyError",
     "ImageStore",
     "ResizeSpec",
+    "decode_image",
     "default_store",
     "encode_image",
+    "encode_png",
     "load_image",
     "put_bytes",
     "release",
     "smart_resize",
+    "sniff_mime",
 ]
-
-
-class ImageLoadError(RuntimeError):
-    """An image reference could not be turned into pixels."""
 
 
 @dataclass(frozen=True)
@@ -93,197 +118,345 @@ def smart_resize(
     return h_bar, w_bar
 
 
-# --- decoding ----------------------------------------------------------------------------
-
-_MEM: dict[str, bytes] = {}
-_MEM_LOCK = threading.Lock()
+# --- encoding and decoding ------------------------------------------------------------------
 
 
-def put_bytes(data: bytes) -> str:
-    """Register encoded image bytes in this process and return a ``mem://`` reference."""
-    key = "mem://" + hashlib.sha1(data).hexdigest()
-    with _MEM_LOCK:
-        _MEM[key] = data
-    return key
+def encode_png(arr: np.ndarray) -> bytes:
+    """Lossless PNG bytes of an RGB array (fast compression: these are transient)."""
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(arr)).save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
 
 
-def release(ref: str) -> None:
-    """Forget a ``mem://`` image and its decoded copies (benchmark runners stream thousands)."""
-    with _MEM_LOCK:
-        _MEM.pop(ref, None)
-    _DEFAULT_STORE.forget(ref)
+def encode_image(arr: np.ndarray, fmt: str = "PNG", quality: int = 92) -> str:
+    """Encode an RGB array as a base64 string (PNG is lossless; JPEG is smaller)."""
+    if fmt.upper() != "JPEG":
+        return base64.b64encode(encode_png(arr)).decode("ascii")
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(arr)).save(buf, format="JPEG", quality=quality)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _read_bytes(ref: str) -> bytes:
-    if ref.startswith("mem://"):
-        with _MEM_LOCK:
-            if ref not in _MEM:
-                raise ImageLoadError(
-                    f"unknown in-memory image {ref!r} (register it with put_bytes)"
-                )
-            return _MEM[ref]
-    if ref.startswith("data:"):
-        header, _, payload = ref.partition(",")
-        if ";base64" not in header:
-            return urllib.parse.unquote_to_bytes(payload)
-        try:
-            return base64.b64decode(payload, validate=False)
-        except ValueError as exc:
-            raise ImageLoadError(f"bad base64 in data URL: {exc}") from exc
-    if ref.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(ref, timeout=30) as resp:  # noqa: S310 - user-given URL
-                return resp.read()
-        except OSError as exc:
-            raise ImageLoadError(f"could not fetch {ref}: {exc}") from exc
-    path = Path(urllib.parse.urlparse(ref).path if ref.startswith("file://") else ref)
+_MAGIC = [
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF8", "image/gif"),
+    (b"BM", "image/bmp"),
+]
+
+
+def sniff_mime(data: bytes) -> str:
+    """The MIME type of encoded image bytes, from their first bytes."""
+    for magic, mime in _MAGIC:
+        if data.startswith(magic):
+            return mime
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return "application/octet-stream"
+
+
+def _header_size(data: bytes, name: str) -> tuple[int, int]:
     try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise ImageLoadError(
-            f"could not read image file {str(path)!r}: {exc.strerror or exc}"
-        ) from exc
-
-
-def _open(ref: str) -> Image.Image:
-    """Open lazily: files are streamed from disk, not read into a second buffer first."""
-    if ref.startswith(("mem://", "data:", "http://", "https://")):
-        return Image.open(io.BytesIO(_read_bytes(ref)))
-    path = Path(urllib.parse.urlparse(ref).path if ref.startswith("file://") else ref)
-    try:
-        return Image.open(path)
-    except FileNotFoundError as exc:
-        raise ImageLoadError(
-            f"could not read image file {str(path)!r}: {exc.strerror or exc}"
-        ) from exc
-    except IsADirectoryError as exc:
-        raise ImageLoadError(f"could not read image file {str(path)!r}: is a directory") from exc
-
-
-def load_image(ref: str) -> np.ndarray:
-    """Decode a reference into an RGB ``uint8`` array of shape ``[H, W, 3]``."""
-    if not isinstance(ref, str) or not ref:
-        raise ImageLoadError(f"an image reference must be a non-empty string, got {ref!r}")
-    short = ref if len(ref) < 80 else ref[:77] + "..."
-    try:
-        with _open(ref) as im:  # the bomb guard runs here, on the header alone
-            if im.format in ("PNG", "JPEG"):
-                return _decode_with_opencv(im, short)
-            im.load()  # raises on truncated data instead of yielding grey rows later
-            return np.asarray(im.convert("RGB") if im.mode != "RGB" else im)
-    except ImageLoadError:
-        raise
+        with Image.open(io.BytesIO(data)) as im:  # reads the header only
+            return im.size
     except Image.DecompressionBombError as exc:
         raise ImageLoadError(
-            f"image {short} is larger than PIL's decompression-bomb limit "
+            f"image {name} is larger than PIL's decompression-bomb limit "
             f"({Image.MAX_IMAGE_PIXELS} pixels); raise PIL.Image.MAX_IMAGE_PIXELS only for "
             "trusted data"
         ) from exc
     except (OSError, SyntaxError, ValueError) as exc:
-        raise ImageLoadError(f"image {short} is corrupt or truncated: {exc}") from exc
+        raise ImageLoadError(f"image {name} is corrupt or truncated (or not an image): {exc}") from None
 
 
-def _decode_with_opencv(im: Image.Image, short: str) -> np.ndarray:
-    """PNG/JPEG straight into one NumPy buffer (PIL peaks at ~3 frames for an 8K decode,
-    its 4-byte internal image plus ``tobytes`` chunks; OpenCV at one). Same pixels as PIL;
-    truncated files decode to None and are reported."""
-    import cv2
+def decode_image(data: bytes, name: str = "image", max_pixels: int | None = None) -> np.ndarray:
+    """Encoded bytes -> RGB ``uint8`` array ``[H, W, 3]``, refusing images over ``max_pixels``.
 
-    fp = im.fp
-    fp.seek(0)
-    data = np.frombuffer(fp.read(), np.uint8)
-    arr = cv2.imdecode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
-    if arr is None:
-        raise ImageLoadError(f"image {short} is corrupt or truncated ({im.format} data incomplete)")
-    return cv2.cvtColor(arr, cv2.COLOR_BGR2RGB, dst=arr)  # in place
+    PNG and JPEG go straight into one NumPy buffer with OpenCV (PIL peaks at about three
+    frames for an 8K decode; OpenCV at one); other formats through PIL. Truncated files are
+    reported, never decoded to grey rows.
+    """
+    width, height = _header_size(data, name)
+    if max_pixels is not None and width * height > max_pixels:
+        raise ImageLoadError(
+            f"image {name} is {width}x{height} ({width * height / 1e6:.1f} MP); the limit is "
+            f"{max_pixels / 1e6:.0f} MP"
+        )
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            if im.format in ("PNG", "JPEG"):
+                import cv2
+
+                arr = cv2.imdecode(
+                    np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION
+                )
+                if arr is None:
+                    raise ImageLoadError(
+                        f"image {name} is corrupt or truncated ({im.format} data incomplete)"
+                    )
+                return cv2.cvtColor(arr, cv2.COLOR_BGR2RGB, dst=arr)  # in place
+            im.load()  # raises on truncated data
+            return np.asarray(im.convert("RGB") if im.mode != "RGB" else im)
+    except ImageLoadError:
+        raise
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ImageLoadError(f"image {name} is corrupt or truncated: {exc}") from None
+
+
+def _kind(ref: Any) -> str:
+    """blob, data, url or file; anything else is refused here."""
+    if not isinstance(ref, str) or not ref.strip():
+        raise ImageLoadError(f"an image reference must be a non-empty string, got {ref!r:.80}")
+    if is_blob_key(ref):
+        return "blob"
+    scheme = ref.split(":", 1)[0].lower() if "://" in ref or ref.startswith("data:") else ""
+    if scheme == "data":
+        return "data"
+    if scheme in ("http", "https"):
+        return "url"
+    if scheme in ("", "file"):
+        return "file"
+    raise ImageLoadError(
+        f"unsupported image reference {redact(ref)}: use a data: or http(s) URL, a path, or a "
+        "blob:// key"
+    )
+
+
+def load_image(ref: str, policy: ImagePolicy | None = None) -> np.ndarray:
+    """Decode one reference (no caching) under ``policy`` (default: local use)."""
+    return ImageStore(policy=policy, max_bytes=0).get(ref)
+
+
+# --- the store -----------------------------------------------------------------------------
+
+
+class _ByteBudget:
+    """At most ``limit`` bytes of decodes in flight; the rest wait (up to their deadline)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.in_use = 0
+        self.peak = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, n: int, name: str) -> None:
+        if n > self.limit:
+            raise ImageLoadError(
+                f"decoding image {name} needs {n / 2**20:.0f} MiB, more than this store's "
+                f"decode budget of {self.limit / 2**20:.0f} MiB"
+            )
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self.in_use + n <= self.limit, time_left())
+            if not ok:
+                raise ImageLoadError(f"timed out waiting for memory to decode image {name}")
+            self.in_use += n
+            self.peak = max(self.peak, self.in_use)
+
+    def release(self, n: int) -> None:
+        with self._cond:
+            self.in_use -= n
+            self._cond.notify_all()
 
 
 class ImageStore:
-    """A thread-safe LRU of decoded images, bounded by total bytes.
+    """References in, pixels out: policy checks, blobs, a decode cache and a memory budget.
 
-    One decode per reference while it stays cached: at 8K (100 MB RGB) the default
-    1 GiB budget keeps about ten queries' images alive, enough for a batch in flight.
+    Args:
+        max_bytes: decoded arrays kept (LRU); at 8K (100 MB RGB) the default 1 GiB keeps
+            about ten queries' images alive, enough for a batch in flight.
+        policy: which references are opened (:class:`ImagePolicy`; default: local use).
+        blobs: where blob bytes live (default: :class:`~speceyes_tools.blobs.MemoryBlobs`,
+            512 MiB); use :class:`~speceyes_tools.blobs.DirectoryBlobs` for servers.
+        max_decode_bytes: decodes in flight at once, in bytes (file plus pixels); more wait.
     """
 
-    def __init__(self, max_bytes: int = 1 << 30):
+    def __init__(
+        self,
+        max_bytes: int = 1 << 30,
+        *,
+        policy: ImagePolicy | None = None,
+        blobs: BlobStore | None = None,
+        max_decode_bytes: int = 1 << 30,
+    ):
         self.max_bytes = max_bytes
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.policy = policy or ImagePolicy()
+        self.blobs: BlobStore = blobs if blobs is not None else MemoryBlobs()
+        self.budget = _ByteBudget(max_decode_bytes)
+        self.decodes = 0  # how many times an image was actually decoded (tests, benchmarks)
+        self._cache: OrderedDict[Any, np.ndarray] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self._loading: dict[str, threading.Lock] = {}
-        self.decodes = 0  # how many times a reference was actually decoded (for tests/benchmarks)
-        self._views: OrderedDict[tuple, str] = OrderedDict()
-        self.max_views = 256
+        self._loading: dict[Any, threading.Lock] = {}
+        self._views: OrderedDict[tuple, str] = OrderedDict()  # (source key, resize) -> blob key
+        self._derived: OrderedDict[str, tuple[str, ResizeSpec | None]] = OrderedDict()
+        self.max_views = 4096
+
+    # --- references ----------------------------------------------------------------------
+
+    def put(self, data: bytes) -> str:
+        """Keep encoded image bytes; returns their ``blob://`` key."""
+        key = blob_key(data)
+        self.blobs.put(key, data)
+        return key
+
+    def put_array(self, arr: np.ndarray) -> str:
+        """Keep an RGB array as PNG; returns its ``blob://`` key."""
+        return self.put(encode_png(arr))
+
+    def intern(self, ref: Any) -> str:
+        """A caller's reference made stable and checked: ``data:`` and URLs become blob keys
+        (read once, under the policy), paths are resolved and checked, blob keys must exist."""
+        kind = _kind(ref)
+        if kind == "blob":
+            self.read(ref)  # raises if unknown
+            return ref
+        if kind == "data":
+            return self.put(read_data_url(ref, self.policy))
+        if kind == "url":
+            return self.put(fetch_url(ref, self.policy))
+        return resolve_file(ref, self.policy).path
+
+    def read(self, key: str) -> bytes:
+        """The bytes behind a blob key (a model view evicted from memory is rebuilt)."""
+        data = self.blobs.get(key) if is_blob_key(key) else None
+        if data is not None:
+            return data
+        with self._lock:
+            derivation = self._derived.get(key)
+        if derivation is not None:
+            rebuilt = self.model_view(*derivation, _rebuild=True)
+            data = self.blobs.get(rebuilt)
+            if data is not None:
+                return data
+        if not is_blob_key(key):
+            raise ImageLoadError(f"not a blob key: {redact(key)}")
+        raise ImageLoadError(
+            f"image {key[: len(BLOB_SCHEME) + 12]}... is not in this image store (evicted, or "
+            "stored by another process: use DirectoryBlobs for threads that outlive a process)"
+        )
+
+    def base64(self, key: str) -> tuple[str, str]:
+        """(base64 data, MIME type) of a blob, for a model call."""
+        data = self.read(key)
+        return base64.b64encode(data).decode("ascii"), sniff_mime(data)
+
+    # --- pixels --------------------------------------------------------------------------
+
+    def _source(self, ref: str) -> tuple[Any, Any]:
+        """(cache key, loader) for a reference, applying the policy."""
+        kind = _kind(ref)
+        if kind == "file":
+            info = resolve_file(ref, self.policy)
+            return info.cache_key, lambda: read_file(info, self.policy)
+        key = ref if kind == "blob" else self.intern(ref)
+        return key, lambda: self.read(key)
 
     def get(self, ref: str) -> np.ndarray:
+        """The decoded RGB array of a reference (read-only, shared between threads)."""
+        key, load = self._source(ref)
         with self._lock:
-            if ref in self._cache:
-                self._cache.move_to_end(ref)
-                return self._cache[ref]
-            gate = self._loading.setdefault(ref, threading.Lock())
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+            gate = self._loading.setdefault(key, threading.Lock())
         with gate:  # concurrent requests for one image wait for a single decode
             with self._lock:
-                if ref in self._cache:
-                    return self._cache[ref]
-            arr = load_image(ref)
+                if key in self._cache:
+                    return self._cache[key]
+            try:
+                arr = self._decode(load(), redact(ref))
+            finally:
+                with self._lock:
+                    self._loading.pop(key, None)
             arr.setflags(write=False)  # shared between threads: nobody may write into it
             with self._lock:
                 self.decodes += 1
-                self._loading.pop(ref, None)
-                self._cache[ref] = arr
-                self._bytes += arr.nbytes
-                while self._bytes > self.max_bytes and len(self._cache) > 1:
-                    _, old = self._cache.popitem(last=False)
-                    self._bytes -= old.nbytes
+                if arr.nbytes <= self.max_bytes:
+                    self._cache[key] = arr
+                    self._bytes += arr.nbytes
+                    while self._bytes > self.max_bytes and len(self._cache) > 1:
+                        _, old = self._cache.popitem(last=False)
+                        self._bytes -= old.nbytes
             return arr
+
+    def _decode(self, data: bytes, name: str) -> np.ndarray:
+        width, height = _header_size(data, name)
+        if width * height > self.policy.max_pixels:
+            raise ImageLoadError(
+                f"image {name} is {width}x{height} ({width * height / 1e6:.1f} MP); the limit "
+                f"is {self.policy.max_pixels / 1e6:.0f} MP"
+            )
+        need = width * height * 3 + len(data)
+        self.budget.acquire(need, name)
+        try:
+            return decode_image(data, name)
+        finally:
+            self.budget.release(need)
 
     def size(self, ref: str) -> tuple[int, int]:
         """(width, height) of the original image."""
         arr = self.get(ref)
         return arr.shape[1], arr.shape[0]
 
-    def model_view(self, ref: str, resize: ResizeSpec | None = None, fmt: str = "PNG") -> str:
-        """The image as the model will see it (smart-resized), base64-encoded, cached.
+    def model_view(
+        self, ref: str, resize: ResizeSpec | None = None, *, _rebuild: bool = False
+    ) -> str:
+        """Blob key of the image as the model will see it (smart-resized PNG), cached.
 
         Sending the resized image (not the 8K original) keeps requests small and makes the
         model's pixel coordinates exactly the frame that ``ResizeSpec`` maps back from.
         """
-        key = (ref, resize, fmt)
+        source, _ = (ref, None) if is_blob_key(ref) else self._source(ref)
+        view = (source, resize)
         with self._lock:
-            if key in self._views:
-                self._views.move_to_end(key)
-                return self._views[key]
+            key = self._views.get(view)
+            if key is not None and not _rebuild:
+                self._views.move_to_end(view)
+                return key
         arr = self.get(ref)
         if resize is not None:
             h, w = arr.shape[:2]
             tw, th = resize.size(w, h)
-            if (tw, th) != (w, h):  # OpenCV works on the cached array in place: no 4-byte PIL copy
+            if (tw, th) != (w, h):  # OpenCV on the cached array: no 4-byte PIL copy
                 import cv2
 
                 interp = cv2.INTER_AREA if tw * th < w * h else cv2.INTER_CUBIC
                 arr = cv2.resize(arr, (tw, th), interpolation=interp)
-        encoded = encode_image(arr, fmt)
+        key = self.put_array(arr)
         with self._lock:
-            self._views[key] = encoded
-            while len(self._views) > self.max_views:
-                self._views.popitem(last=False)
-        return encoded
+            self._views[view] = key
+            self._derived[key] = (ref, resize)
+            for table in (self._views, self._derived):
+                while len(table) > self.max_views:
+                    table.popitem(last=False)
+        return key
 
     def forget(self, ref: str) -> None:
-        """Drop one reference's decoded array and encoded views."""
+        """Drop one reference's decoded array, views and (for blobs) bytes."""
+        path = os.path.realpath(_file_path(ref)) if _kind(ref) == "file" else None
+
+        def matches(key: Any) -> bool:
+            return key == ref or (isinstance(key, tuple) and key[1] == path)
+
         with self._lock:
-            arr = self._cache.pop(ref, None)
-            if arr is not None:
-                self._bytes -= arr.nbytes
-            for key in [k for k in self._views if k[0] == ref]:
-                del self._views[key]
+            for k in [k for k in self._cache if matches(k)]:
+                self._bytes -= self._cache.pop(k).nbytes
+            for view in [v for v in self._views if matches(v[0])]:
+                self._derived.pop(self._views.pop(view), None)
+        discard = getattr(self.blobs, "discard", None)
+        if discard is not None and is_blob_key(ref):
+            discard(ref)
 
     def clear(self) -> None:
         with self._lock:
             self._cache.clear()
             self._views.clear()
+            self._derived.clear()
             self._bytes = 0
             self.decodes = 0
+        clear = getattr(self.blobs, "clear", None)
+        if clear is not None:
+            clear()
 
 
 _DEFAULT_STORE = ImageStore()
@@ -294,12 +467,11 @@ def default_store() -> ImageStore:
     return _DEFAULT_STORE
 
 
-def encode_image(arr: np.ndarray, fmt: str = "PNG", quality: int = 92) -> str:
-    """Encode an RGB array as a base64 string (PNG is lossless; JPEG is smaller)."""
-    buf = io.BytesIO()
-    im = Image.fromarray(np.ascontiguousarray(arr))
-    if fmt.upper() == "JPEG":
-        im.save(buf, format="JPEG", quality=quality)
-    else:
-        im.save(buf, format="PNG", compress_level=1)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+def put_bytes(data: bytes) -> str:
+    """Keep encoded image bytes in the default store; returns a ``blob://`` reference."""
+    return _DEFAULT_STORE.put(data)
+
+
+def release(ref: str) -> None:
+    """Forget an image and its decoded copies (benchmark runners stream thousands)."""
+    _DEFAULT_STORE.forget(ref)

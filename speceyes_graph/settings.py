@@ -1,0 +1,148 @@
+"""What can change per run, and the limits a deployment puts on it.
+
+A graph is built once with defaults (``create_speceyes_graph(gate=..., mode=...,
+max_agent_steps=..., limits=Limits(...))``); each run may override the gate, the mode, the
+step bound and the deadlines through LangGraph's context
+(``graph.invoke(x, context={"tau": 0.9})``, an assistant's context on LangGraph Platform,
+or ``config["configurable"]`` for older clients). Callers of a served graph are strangers,
+so overrides are checked and bounded: deadlines can only be shortened, steps stay under the
+deployment's ceiling, and nothing about which images may be read can be changed per run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from .separability import GateConfig
+from .state import Mode
+
+__all__ = ["Limits", "OnError", "RunSettings", "SettingsError", "resolve_settings"]
+
+OnError = Literal["record", "raise"]
+_MODES = ("speceyes", "agent", "small")
+_AGGREGATIONS = ("min", "mean", "bottom-q")
+
+
+class SettingsError(ValueError):
+    """A per-run setting is invalid or outside the deployment's limits."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Deployment limits: deadlines, input sizes and ceilings for per-run overrides.
+
+    Image limits (bytes, pixels, sources, fetch time) belong to the image store's
+    :class:`~speceyes_tools.sources.ImagePolicy`.
+    """
+
+    query_timeout_s: float = 900.0  # wall clock for a whole query
+    model_timeout_s: float = 300.0  # one model call (a 7B agent turn of 1024 tokens fits)
+    tool_timeout_s: float = 60.0  # one tool call
+    max_question_tokens: int = 4096  # question + options, in the model's own tokens
+    context_reserve_tokens: int = 1024  # room left for prompts, image tokens and the reply
+    max_images: int = 8
+    max_options: int = 26  # labelled A..Z
+    max_agent_steps: int = 32  # ceiling for a per-run max_agent_steps
+
+    def __post_init__(self) -> None:
+        for name in ("query_timeout_s", "model_timeout_s", "tool_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 1 <= self.max_options <= 26:
+            raise ValueError(f"max_options must be 1..26 (labels A..Z), got {self.max_options}")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The settings one run uses (kept in the run's state, so a resumed run keeps them)."""
+
+    tau: float
+    k: int
+    aggregation: str
+    mode: Mode
+    max_agent_steps: int
+    query_timeout_s: float
+    model_timeout_s: float
+    tool_timeout_s: float
+    on_error: OnError
+
+    def gate(self, base: GateConfig) -> GateConfig:
+        return base.replace(tau=self.tau, k=self.k, aggregation=self.aggregation)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _number(name: str, value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SettingsError(f"{name} must be a number, got {value!r:.40}")
+    if kind is int:
+        if value != int(value):
+            raise SettingsError(f"{name} must be a whole number, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def resolve_settings(
+    overrides: Mapping[str, Any] | None, defaults: RunSettings, limits: Limits
+) -> RunSettings:
+    """Defaults with this run's overrides applied, checked against the limits."""
+    given = {k: v for k, v in (overrides or {}).items() if k in RunSettings.__dataclass_fields__}
+    values = {**defaults.as_dict(), **{k: v for k, v in given.items() if v is not None}}
+    tau = _number("tau", values["tau"], float)
+    if not 0.0 <= tau <= 1.0:
+        raise SettingsError(f"tau must be in [0, 1], got {tau}")
+    k = _number("k", values["k"], int)
+    if k < 2:
+        raise SettingsError(f"k must be at least 2, got {k}")
+    if values["aggregation"] not in _AGGREGATIONS:
+        raise SettingsError(
+            f"aggregation must be one of {_AGGREGATIONS}, got {values['aggregation']!r:.40}"
+        )
+    if values["mode"] not in _MODES:
+        raise SettingsError(f"mode must be one of {_MODES}, got {values['mode']!r:.40}")
+    if values["on_error"] not in ("record", "raise"):
+        raise SettingsError(f"on_error must be 'record' or 'raise', got {values['on_error']!r:.40}")
+    steps = _number("max_agent_steps", values["max_agent_steps"], int)
+    if not 1 <= steps <= limits.max_agent_steps:
+        raise SettingsError(
+            f"max_agent_steps must be 1..{limits.max_agent_steps} here, got {steps}"
+        )
+    timeouts = {}
+    for name in ("query_timeout_s", "model_timeout_s", "tool_timeout_s"):
+        value = _number(name, values[name], float)
+        if not value > 0:
+            raise SettingsError(f"{name} must be positive, got {value}")
+        timeouts[name] = min(value, getattr(limits, name))  # a run may only shorten deadlines
+    return RunSettings(
+        tau=tau,
+        k=k,
+        aggregation=values["aggregation"],
+        mode=values["mode"],
+        max_agent_steps=steps,
+        on_error=values["on_error"],
+        **timeouts,
+    )
+
+
+def run_overrides(context: Any, config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Per-run values from LangGraph's context (preferred) or ``config["configurable"]``."""
+    merged: dict[str, Any] = {}
+    configurable = (config or {}).get("configurable") or {}
+    if isinstance(configurable, Mapping):
+        merged.update(
+            {k: v for k, v in configurable.items() if k in RunSettings.__dataclass_fields__}
+        )
+    if isinstance(context, Mapping):
+        merged.update(context)
+    elif context is not None:  # a dataclass or pydantic context object
+        merged.update(
+            {
+                k: getattr(context, k)
+                for k in RunSettings.__dataclass_fields__
+                if hasattr(context, k)
+            }
+        )
+    return merged
