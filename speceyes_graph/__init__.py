@@ -6,7 +6,8 @@ its answer separability clears a threshold; the rest run the large model's tool 
 """
 
 from .agent import create_agent_loop
-from .graph import create_speceyes_graph, parse_judge
+from .compose import create_speceyes_chat_graph, speceyes_tool
+from .graph import SpecEyesError, create_speceyes_graph, parse_judge
 from .prompts import Prompts
 from .separability import (
     GateConfig,
@@ -16,7 +17,17 @@ from .separability import (
     answer_separability_from_logprobs,
     token_separability,
 )
-from .state import AgentStep, Draft, Mode, Route, SpecEyesInput, SpecEyesOutput, SpecEyesState
+from .settings import Limits
+from .state import (
+    AgentStep,
+    Draft,
+    Mode,
+    Route,
+    SpecEyesContext,
+    SpecEyesInput,
+    SpecEyesOutput,
+    SpecEyesState,
+)
 from .toolsets import Toolset, ToolsetError, load_toolset, register_tool
 
 __version__ = "0.1.0"
@@ -25,10 +36,13 @@ __all__ = [
     "AgentStep",
     "Draft",
     "GateConfig",
+    "Limits",
     "Mode",
     "Prompts",
     "Route",
     "SeparabilityError",
+    "SpecEyesContext",
+    "SpecEyesError",
     "SpecEyesInput",
     "SpecEyesOutput",
     "SpecEyesState",
@@ -38,9 +52,11 @@ __all__ = [
     "answer_separability",
     "answer_separability_from_logprobs",
     "create_agent_loop",
+    "create_speceyes_chat_graph",
     "create_speceyes_graph",
     "load_toolset",
     "parse_judge",
     "register_tool",
+    "speceyes_tool",
     "token_separability",
 ]

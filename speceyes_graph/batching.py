@@ -23,8 +23,11 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
+
+from speceyes_tools.deadlines import DeadlineExceeded, time_left
 
 __all__ = ["BatchScheduler", "BatchStats"]
 
@@ -101,10 +104,23 @@ class BatchScheduler:
         return [r.future for r in requests]
 
     def call(self, key: Hashable, payload: Any) -> Any:
-        return self.submit(key, payload).result()
+        """Submit and wait, at most until the caller's deadline (a queued request is dropped)."""
+        future = self.submit(key, payload)
+        try:
+            return future.result(timeout=time_left())
+        except FutureTimeout:
+            if future.done():
+                raise
+            future.cancel()
+            raise DeadlineExceeded("the deadline passed while waiting for a batch") from None
 
     async def acall(self, key: Hashable, payload: Any) -> Any:
-        return await asyncio.wrap_future(self.submit(key, payload))
+        future = self.submit(key, payload)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), time_left())
+        except asyncio.TimeoutError:
+            future.cancel()
+            raise DeadlineExceeded("the deadline passed while waiting for a batch") from None
 
     def close(self) -> None:
         with self._cond:

@@ -24,9 +24,11 @@ from .benchmarks.report import write_report
 from .benchmarks.runner import read_records, run_benchmark
 from .drawing import draw
 from .graph import create_speceyes_graph
+from .separability import GateConfig
 from .training import DEMO_PROMPTS, QUESTION, make_scene
 
 __all__ = [
+    "DEMO_GRAPH_SETTINGS",
     "demo_checkpoints",
     "demo_graph",
     "demo_models",
@@ -96,18 +98,16 @@ def demo_models(batch_size: int = 16, paths: dict[str, Path] | None = None) -> d
     }
 
 
+DEMO_GRAPH_SETTINGS: dict[str, Any] = {
+    "prompts": DEMO_PROMPTS,  # the prompts the demo checkpoints were trained on
+    "gate": GateConfig(),  # the published gate
+    "max_agent_steps": 4,
+}
+
+
 def demo_graph(small: Any = None, large: Any = None, mode: str = "speceyes") -> Any:
     """The uncompiled demo graph (demo prompts, published gate, at most 4 agent steps)."""
-    from .separability import GateConfig
-
-    return create_speceyes_graph(
-        speculator=small,
-        agent=large,
-        mode=mode,
-        prompts=DEMO_PROMPTS,
-        gate=GateConfig(),
-        max_agent_steps=4,
-    )
+    return create_speceyes_graph(speculator=small, agent=large, mode=mode, **DEMO_GRAPH_SETTINGS)
 
 
 def fixed_routes(models: dict[str, Any], folder: Path, n: int, seed: int) -> list[dict[str, Any]]:

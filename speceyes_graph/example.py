@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -128,11 +129,12 @@ def _question(messages: list[BaseMessage]) -> str:
 
 
 def _spec(messages: list[BaseMessage]):
+    """The example query the prompt is about, or None for any other question."""
     text = _question(messages)
     for row in EXAMPLE_QUERIES:
         if row[1] in text:
             return row
-    raise ValueError("unknown example question")
+    return None
 
 
 def _last_image(messages: list[BaseMessage]) -> np.ndarray | None:
@@ -144,6 +146,21 @@ def _last_image(messages: list[BaseMessage]) -> np.ndarray | None:
                         Image.open(io.BytesIO(base64.b64decode(b["base64"]))).convert("RGB")
                     )
     return None
+
+
+def _options(messages: list[BaseMessage]) -> list[str]:
+    """Options listed in the prompt (``A. red``), in order."""
+    return re.findall(r"^[A-H]\. (.+)$", _question(messages), re.M)
+
+
+def _colourful_region(pixels: np.ndarray) -> list[int]:
+    """A box around the saturated pixels (the whole image if there are none)."""
+    flat = pixels.astype(int)
+    mask = (flat.max(axis=2) - flat.min(axis=2)) > 60
+    if not mask.any():
+        return [0, 0, pixels.shape[1], pixels.shape[0]]
+    ys, xs = np.nonzero(mask)
+    return [int(xs.min()) - 10, int(ys.min()) - 10, int(xs.max()) + 10, int(ys.max()) + 10]
 
 
 def _dominant_colour(pixels: np.ndarray) -> str:
@@ -159,27 +176,35 @@ def make_example_models() -> tuple[ScriptedChatModel, ScriptedChatModel, Scripte
     """(judge, speculator, agent) following the rules in :data:`EXAMPLE_QUERIES`."""
 
     def judge(messages):
-        return _spec(messages)[5]
+        spec = _spec(messages)
+        return spec[5] if spec else "yes"  # an unknown question: let the agent look closer
 
     def speculator(messages):
-        _, _, options, colour, _, _, sep = _spec(messages)
-        sep = sep if sep is not None else 3.0
+        spec = _spec(messages)
+        sep = spec[6] if spec and spec[6] is not None else 3.0
         return AIMessage(content="A", response_metadata={"logprobs": fake_logprobs(["A"], [sep])})
 
     def agent(messages):
-        _, _, options, colour, box, _, _ = _spec(messages)
+        spec = _spec(messages)
+        options = spec[2] if spec else _options(messages)
         if messages[-1].type == "human" and "<tool_response>" in str(messages[-1].content):
             seen = _dominant_colour(_last_image(messages))
-            letter = "ABCD"[options.index(seen)] if seen in options else seen
+            letter = "ABCDEFGH"[options.index(seen)] if seen in options else seen
             return f"<think>The zoomed region shows a {seen} object.</think>\n<answer>{letter}</answer>"
         shown = _last_image(messages)  # the full image at the size the model sees it
-        sx, sy = shown.shape[1] / 3840, shown.shape[0] / 2160
-        bbox = [
-            round(box[0] * sx) - 10,
-            round(box[1] * sy) - 10,
-            round(box[2] * sx) + 10,
-            round(box[3] * sy) + 10,
-        ]
+        if shown is None:
+            return "<think>There is no image to look at.</think>\n<answer>unknown</answer>"
+        if spec:
+            sx, sy = shown.shape[1] / 3840, shown.shape[0] / 2160
+            box = spec[4]
+            bbox = [
+                round(box[0] * sx) - 10,
+                round(box[1] * sy) - 10,
+                round(box[2] * sx) + 10,
+                round(box[3] * sy) + 10,
+            ]
+        else:  # any other question: look at the most colourful region
+            bbox = _colourful_region(shown)
         call = json.dumps(
             {"name": "image_zoom_in_tool", "arguments": {"bbox_2d": bbox, "label": "the object"}}
         )

@@ -223,6 +223,24 @@ class ChatTransformersVLM(BaseChatModel):
         )
         return ResizeSpec(factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
 
+    @property
+    def context_length(self) -> int | None:
+        """The checkpoint's context window in tokens (what a question must fit into)."""
+        config = self._hf_model.config
+        text_config = getattr(config, "text_config", None) or config
+        value = getattr(text_config, "max_position_embeddings", None)
+        return int(value) if value else None
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` with this checkpoint's tokenizer (special strings as plain text)."""
+        tokenizer = self._processor.tokenizer
+        return len(
+            tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        )
+
+    def get_num_tokens(self, text: str) -> int:
+        return self.count_tokens(text)
+
     def bind_tools(
         self, tools: Sequence[BaseTool | dict | Any], **kwargs: Any
     ) -> Runnable[LanguageModelInput, AIMessage]:

@@ -1,4 +1,8 @@
-"""The graph LangGraph Studio / ``langgraph dev`` opens (see ``langgraph.json``).
+"""The graphs ``langgraph dev`` / LangGraph Platform serve (see ``langgraph.json``).
+
+- ``speceyes``: the SpecEyes graph (question, images, options in; answer, route, evidence out);
+- ``speceyes_chat``: the same models behind a chat front (Studio's chat view, chat UIs);
+- ``speceyes_example``: the offline example's scripted models, for a look at the workflow.
 
 Models come from the environment, so the same file serves a laptop and a cluster:
 
@@ -6,49 +10,115 @@ Models come from the environment, so the same file serves a laptop and a cluster
   ``SPECEYES_LARGE_MODEL``: OpenAI-compatible servers (vLLM / SGLang);
 - else ``SPECEYES_SMALL_PATH`` and ``SPECEYES_LARGE_PATH``: local checkpoints
   (transformers);
-- else the offline example's scripted models, so Studio opens with no setup at all.
+- else ``SPECEYES_MODELS=example``: the scripted example models;
+- else the demo checkpoints shipped in the package, with the prompts they were trained on,
+  so ``langgraph dev`` answers questions with no setup and no downloads.
 
-``SPECEYES_TAU``, ``SPECEYES_TOP_K`` and ``SPECEYES_TOOLS`` tune the gate and the toolset.
-Imports are absolute because the LangGraph CLI loads this file by path.
+A served graph is called by strangers, so it is strict by default (see docs/deployment.md):
+images only as ``data:`` URLs or public ``https`` URLs (``SPECEYES_IMAGE_DIRS`` allow-lists
+folders, ``SPECEYES_IMAGE_HOSTS`` hosts), crops and pasted images kept as files under
+``SPECEYES_BLOB_DIR`` (default ``.langgraph_api/speceyes-blobs``), and a failed query fails
+its run (``SPECEYES_ON_ERROR=record`` returns it with ``error`` set instead).
+``SPECEYES_TAU``, ``SPECEYES_TOP_K`` and ``SPECEYES_TOOLS`` set defaults; each run may
+override the gate, mode and deadlines through its context. Imports are absolute because the
+LangGraph CLI loads this file by path.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import Any
 
+from speceyes_graph.compose import create_speceyes_chat_graph
 from speceyes_graph.graph import create_speceyes_graph
 from speceyes_graph.separability import GateConfig
+from speceyes_tools.blobs import DirectoryBlobs
+from speceyes_tools.images import ImagePolicy, ImageStore
+
+env = os.environ.get
 
 
-def make_graph():
-    env = os.environ.get
+@functools.cache
+def served_store() -> ImageStore:
+    """The strict image store of the served graphs (shared by all of them)."""
+    dirs = [d for d in env("SPECEYES_IMAGE_DIRS", "").split(os.pathsep) if d]
+    hosts = [h.strip() for h in env("SPECEYES_IMAGE_HOSTS", "").split(",") if h.strip()]
+    blob_dir = env("SPECEYES_BLOB_DIR", os.path.join(".langgraph_api", "speceyes-blobs"))
+    return ImageStore(
+        policy=ImagePolicy.strict(file_roots=dirs, allowed_hosts=hosts),
+        blobs=DirectoryBlobs(blob_dir, max_bytes=int(env("SPECEYES_BLOB_MAX_MB", "2048")) << 20),
+    )
+
+
+@functools.cache
+def served_models() -> dict[str, Any]:
+    """Keyword arguments for ``create_speceyes_graph``: models, prompts, gate, tools."""
     gate = GateConfig(tau=float(env("SPECEYES_TAU", "0.98")), k=int(env("SPECEYES_TOP_K", "64")))
-    tools = env("SPECEYES_TOOLS", "deepeyes")
+    common: dict[str, Any] = {"gate": gate, "tools": env("SPECEYES_TOOLS", "deepeyes")}
     if env("SPECEYES_SMALL_URL") and env("SPECEYES_LARGE_URL"):
         from speceyes_graph.serving import openai_models
 
-        models = openai_models(
-            env("SPECEYES_SMALL_URL"),
-            env("SPECEYES_SMALL_MODEL", "small"),
-            env("SPECEYES_LARGE_URL"),
-            env("SPECEYES_LARGE_MODEL", "large"),
-            top_logprobs=gate.k,
-        )
-    elif env("SPECEYES_SMALL_PATH") and env("SPECEYES_LARGE_PATH"):
+        return {
+            **common,
+            **openai_models(
+                env("SPECEYES_SMALL_URL"),
+                env("SPECEYES_SMALL_MODEL", "small"),
+                env("SPECEYES_LARGE_URL"),
+                env("SPECEYES_LARGE_MODEL", "large"),
+                top_logprobs=gate.k,
+            ),
+        }
+    if env("SPECEYES_SMALL_PATH") and env("SPECEYES_LARGE_PATH"):
         from speceyes_graph.models import ChatTransformersVLM
 
-        models = {
+        return {
+            **common,
             "speculator": ChatTransformersVLM(
                 model=env("SPECEYES_SMALL_PATH"), top_logprobs=gate.k, max_new_tokens=20
             ),
             "agent": ChatTransformersVLM(model=env("SPECEYES_LARGE_PATH")),
         }
-    else:
-        from speceyes_graph.example import make_example_models
+    if env("SPECEYES_MODELS") == "example":
+        return example_models()
+    from speceyes_graph.demo import DEMO_GRAPH_SETTINGS, demo_models
 
-        judge, speculator, agent = make_example_models()
-        models = {"judge": judge, "speculator": speculator, "agent": agent}
-    return create_speceyes_graph(**models, gate=gate, tools=tools).compile(name="speceyes")
+    models = demo_models()
+    return {
+        **DEMO_GRAPH_SETTINGS,
+        **common,
+        "speculator": models["small"],
+        "agent": models["large"],
+    }
+
+
+def example_models() -> dict[str, Any]:
+    from speceyes_graph.example import make_example_models
+
+    judge, speculator, agent = make_example_models()
+    return {"judge": judge, "speculator": speculator, "agent": agent}
+
+
+def _served(factory, models: dict[str, Any], name: str):
+    return factory(
+        **models,
+        store=served_store(),
+        on_error=env("SPECEYES_ON_ERROR", "raise"),
+    ).compile(name=name)
+
+
+def make_graph():
+    return _served(create_speceyes_graph, served_models(), "speceyes")
+
+
+def make_chat_graph():
+    return _served(create_speceyes_chat_graph, served_models(), "speceyes_chat")
+
+
+def make_example_graph():
+    return _served(create_speceyes_graph, example_models(), "speceyes_example")
 
 
 graph = make_graph()
+chat_graph = make_chat_graph()
+example_graph = make_example_graph()

@@ -1,0 +1,201 @@
+"""Putting SpecEyes inside other things: a chat graph and a tool for other agents.
+
+- :func:`create_speceyes_chat_graph`: messages in, the answer appended as an ``AIMessage``
+  out. The last human message is the query: its text is the question and its image blocks
+  (pasted images, URLs) are the images; a follow-up without an image asks about the latest
+  image of the conversation. Works in LangGraph Studio's chat view and with any chat UI
+  that speaks ``messages``. Images pasted into the chat are moved into the image store, so
+  the thread's state holds references, not pixels. With ``stream_mode="messages"`` only the
+  answer is streamed: the judge, the draft and the agent's turns are internal.
+- :func:`speceyes_tool`: the graph as a LangChain tool for another agent (``create_agent``,
+  a supervisor, a ``ToolNode``), returning a compact JSON result: answer, route, score.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage
+from langchain_core.tools import BaseTool, StructuredTool, ToolException
+from langgraph.channels import UntrackedValue
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from pydantic import BaseModel, Field
+from typing_extensions import TypedDict
+
+from speceyes_tools.images import ImageStore, default_store
+
+from .graph import create_speceyes_graph
+from .messages import dehydrate, image_ref
+from .protocol import message_text
+from .state import AgentStep, Draft, Route, SpecEyesContext
+
+__all__ = ["SpecEyesChatState", "create_speceyes_chat_graph", "speceyes_tool"]
+
+
+class SpecEyesChatState(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    # the last turn's evidence (the answer itself is the last AIMessage)
+    route: Route | None
+    draft: Draft | None
+    agent_steps: list[AgentStep]
+    error: str | None
+    # the query of this turn, read from the messages: never checkpointed
+    question: Annotated[str | None, UntrackedValue(str, guard=False)]
+    images: Annotated[list[str] | None, UntrackedValue(list, guard=False)]
+
+
+class _ChatInput(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+class _ChatOutput(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    route: Route | None
+    error: str | None
+
+
+def _image_blocks(message: BaseMessage) -> list[dict]:
+    content = message.content if isinstance(message.content, list) else []
+    return [b for b in content if isinstance(b, dict) and b.get("type") in ("image", "image_url")]
+
+
+def _block_reference(block: dict) -> str | None:
+    """The reference an (already dehydrated) image block points at."""
+    ref = image_ref(block)
+    if ref:
+        return ref
+    if block.get("type") == "image_url":
+        url = block.get("image_url")
+        return url.get("url") if isinstance(url, dict) else url
+    return block.get("url")
+
+
+def create_speceyes_chat_graph(
+    *, store: ImageStore | None = None, **graph_kwargs: Any
+) -> StateGraph:
+    """A chat front for SpecEyes (uncompiled; compile with your checkpointer).
+
+    Takes the arguments of :func:`~speceyes_graph.create_speceyes_graph` (models, tools, gate,
+    limits, ``on_error``...). Per-run context (``tau``, ``mode``...) is passed through.
+    """
+    store = store or default_store()
+    speceyes = create_speceyes_graph(store=store, **graph_kwargs).compile(name="speceyes")
+
+    def ask(state: SpecEyesChatState) -> dict[str, Any]:
+        messages = list(state.get("messages") or [])
+        last = next((m for m in reversed(messages) if isinstance(m, HumanMessage)), None)
+        if last is None:
+            return {"question": None, "images": None}
+        update: dict[str, Any] = {"question": message_text(last).strip()}
+        try:
+            kept = dehydrate(last, store)  # pasted pixels -> blob references, same message id
+        except Exception:
+            kept = last  # undecodable data: the query will fail on it with a clear error
+        if kept is not last:
+            update["messages"] = [kept]
+        images = [r for r in map(_block_reference, _image_blocks(kept)) if r]
+        if not images:  # a follow-up question: the latest image in the conversation
+            for m in reversed(messages):
+                found = [r for r in map(_block_reference, _image_blocks(m)) if r]
+                if isinstance(m, HumanMessage) and found:
+                    images = found
+                    break
+        update["images"] = images
+        return update
+
+    def answer(state: SpecEyesChatState) -> dict[str, Any]:
+        question = state.get("question")
+        if not question:
+            reply = AIMessage(content="Ask a question about an image (attach the image).")
+            return {
+                "messages": [reply],
+                "route": None,
+                "draft": None,
+                "agent_steps": [],
+                "error": None,
+            }
+        out = speceyes.invoke({"question": question, "images": state.get("images") or []})
+        draft = out.get("draft") or {}
+        meta = {"speceyes": {"route": out.get("route"), "score": draft.get("score")}}
+        text = out.get("answer") or f"I could not answer: {out.get('error') or 'no answer'}"
+        return {
+            "messages": [AIMessage(content=text, response_metadata=meta)],
+            "route": out.get("route"),
+            "draft": out.get("draft"),
+            "agent_steps": out.get("agent_steps") or [],
+            "error": out.get("error"),
+        }
+
+    graph = StateGraph(
+        SpecEyesChatState,
+        input_schema=_ChatInput,
+        output_schema=_ChatOutput,
+        context_schema=SpecEyesContext,
+    )
+    graph.add_node("ask", ask)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "ask")
+    graph.add_edge("ask", "answer")
+    graph.add_edge("answer", END)
+    return graph
+
+
+class _AskArgs(BaseModel):
+    question: str = Field(description="The question about the image(s).")
+    images: list[str] = Field(
+        description="The images: data: URLs, https URLs, or paths/URLs the deployment allows."
+    )
+    options: list[str] | None = Field(
+        default=None, description="Multiple-choice options, if the question has them."
+    )
+
+
+def speceyes_tool(
+    graph: Any,
+    *,
+    name: str = "ask_about_images",
+    description: str = (
+        "Answer a question about one or more images. Small objects and fine details are "
+        "handled by zooming in automatically."
+    ),
+) -> BaseTool:
+    """The SpecEyes graph (built or compiled) as a tool returning ``{"answer", "route", "score"}``.
+
+    A failed query becomes a tool error message for the calling model; the call never raises.
+    """
+    compiled = graph.compile() if not hasattr(graph, "invoke") else graph
+
+    def compact(out: dict[str, Any]) -> str:
+        if out.get("error"):
+            raise ToolException(f"Error: {out['error']}")
+        draft = out.get("draft") or {}
+        return json.dumps(
+            {"answer": out.get("answer"), "route": out.get("route"), "score": draft.get("score")}
+        )
+
+    def ask(question: str, images: list[str], options: list[str] | None = None) -> str:
+        try:
+            out = compiled.invoke({"question": question, "images": images, "options": options})
+        except Exception as exc:  # e.g. a graph built with on_error="raise"
+            raise ToolException(f"Error: {exc}") from None
+        return compact(out)
+
+    async def aask(question: str, images: list[str], options: list[str] | None = None) -> str:
+        try:
+            out = await compiled.ainvoke(
+                {"question": question, "images": images, "options": options}
+            )
+        except Exception as exc:
+            raise ToolException(f"Error: {exc}") from None
+        return compact(out)
+
+    return StructuredTool.from_function(
+        func=ask,
+        coroutine=aask,
+        name=name,
+        description=description,
+        args_schema=_AskArgs,
+        handle_tool_error=True,
+    )
