@@ -32,7 +32,7 @@ for scene in make_example_scenes(Path(tempfile.mkdtemp()))[2:4]:
         for node, values in data.items():
             if node == "judge":
                 print(
-                    f"  judge: {values['judge_output']!r} -> {'speculate' if values['tool_free'] else 'agent loop'}"
+                    f"  judge: {values['judge_output']!r} -> {'agent loop' if values['route'] == 'judged-agentic' else 'speculate'}"
                 )
             elif node == "speculate":
                 print(

@@ -59,14 +59,12 @@ _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S)
 _CLEAN_RUN: dict[str, Any] = {
     "answer": None,
     "route": None,
-    "query_id": None,
     "judge_output": None,
     "draft": None,
     "agent_messages": [],
     "agent_steps": [],
     "stop_reason": None,
     "error": None,
-    "tool_free": None,
 }
 
 
@@ -233,7 +231,6 @@ def create_speceyes_graph(
         return {
             **clean,
             "query": query,
-            "query_id": query["query_id"],
             "route": "agent-only" if settings.mode == "agent" else None,
             "timings": Overwrite({"intake": time.perf_counter() - t0}),
         }
@@ -258,18 +255,16 @@ def create_speceyes_graph(
             output = message_text(reply).strip()
         except Exception as exc:
             return failed(state, "judge", exc, t0)
-        tool_free = parse_judge(output)
         return {
             "judge_output": output,
-            "tool_free": tool_free,
-            "route": None if tool_free else "judged-agentic",
+            "route": None if parse_judge(output) else "judged-agentic",
             "timings": {"judge": time.perf_counter() - t0},
         }
 
     def after_judge(state: SpecEyesState) -> str:
         if state.get("error"):
             return END
-        return "speculate" if state.get("tool_free") else "agent_loop"
+        return "agent_loop" if state.get("route") == "judged-agentic" else "speculate"
 
     # --- phase II ---------------------------------------------------------------------------------
     def speculate_node(state: SpecEyesState) -> dict[str, Any]:
@@ -338,7 +333,11 @@ def create_speceyes_graph(
             try:
                 with deadline_scope(state.get("deadline")):
                     check_deadline("agent loop")
-                out = loop.invoke(
+                # The loop runs without checkpoints of its own: its transcript reaches the
+                # parent state once, at the end, instead of being stored again at every step
+                # (a resumed run restarts the loop). `loop` itself stays the subgraph that
+                # get_graph(xray=True) and Studio draw.
+                out = loop.copy(update={"checkpointer": False}).invoke(
                     {
                         "question": query["question"],
                         "images": query["images"],

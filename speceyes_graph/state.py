@@ -128,7 +128,11 @@ class SpecEyesInput(TypedDict, total=False):
         ),
     ]
     query_id: Annotated[
-        str | None, Field(description="Your identifier for this query, echoed in the output.")
+        str | None,
+        _untracked(str),
+        Field(
+            description="Your identifier for this query (kept in the run's state as query.query_id)."
+        ),
     ]
 
 
@@ -144,7 +148,6 @@ class SpecEyesOutput(TypedDict, total=False):
             "draft-only (baseline modes)."
         ),
     ]
-    query_id: Annotated[str | None, Field(description="The query_id sent with the input.")]
     judge_output: Annotated[
         str | None, Field(description="What the large model answered to 'would tools help?'.")
     ]
@@ -180,7 +183,6 @@ class SpecEyesState(SpecEyesInput, SpecEyesOutput, total=False):
     query: Query  # the validated input (checkpointed; the raw input is not)
     settings: dict[str, Any]  # this run's resolved settings (see settings.RunSettings)
     deadline: float  # this query's absolute deadline, time.time() seconds
-    tool_free: bool | None  # the judge's parsed decision
 
 
 class SpecEyesContext(TypedDict, total=False):

@@ -60,3 +60,12 @@ def tiny_chat(tiny_models):
         ),
         "large": ChatTransformersVLM(model=str(tiny_models["large"]), max_new_tokens=12),
     }
+
+
+@pytest.fixture
+def image_server(scene):
+    """A loopback HTTP server serving the scene (and misbehaving on other paths)."""
+    from image_server import ImageServer
+
+    with open(scene, "rb") as f, ImageServer(f.read()) as server:
+        yield server

@@ -1,6 +1,6 @@
 import asyncio
-import os
 import operator
+import os
 from typing import Annotated
 
 import pytest
@@ -235,8 +235,8 @@ def test_checkpointer_and_private_keys(scene):
     ).compile(checkpointer=InMemorySaver())
     cfg = {"configurable": {"thread_id": "q1"}}
     out = g.invoke(query(scene), cfg)
-    assert "tool_free" not in out  # private key: in state, not in the output
-    assert g.get_state(cfg).values["tool_free"] is True
+    assert "query" not in out and "settings" not in out  # private keys: in state, not output
+    assert g.get_state(cfg).values["settings"]["tau"] == 0.98
     # the validated query is in state with images as references, never pixel arrays; the raw
     # input keys are not checkpointed at all
     values = g.get_state(cfg).values
@@ -287,7 +287,7 @@ def test_composition_inside_a_parent_graph(scene):
     assert out["log"] == ["intake", "reply"]  # parent list reducer applied once per write
     assert len(out["agent_steps"]) == 2  # written once by the subgraph, not doubled
     assert {"intake", "judge", "agent"} <= set(out["timings"])  # dict merge is shared both ways
-    assert "tool_free" not in out and "draft" not in out  # private / unshared keys stay inside
+    assert "query" not in out and "draft" not in out  # private / unshared keys stay inside
 
 
 def test_state_is_serializable_for_checkpoints(scene):

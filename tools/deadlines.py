@@ -84,11 +84,13 @@ def call_with_deadline(
     The call runs in a daemon thread with a copy of the caller's context (LangChain callbacks,
     LangGraph config and stream writer, the deadline), so tracing and streaming are unchanged.
     """
+    query_left = time_left()
     limit = time_left(timeout)
     if limit is None:
         return fn(*args, **kwargs)
     if limit <= 0:
-        raise DeadlineExceeded(f"{what}: no time left before the query's deadline")
+        raise DeadlineExceeded(f"{what}: the query's deadline passed")
+    query_bound = query_left is not None and (timeout is None or query_left < timeout)
     future: Future = Future()
     ctx = contextvars.copy_context()
 
@@ -110,4 +112,6 @@ def call_with_deadline(
         if future.done():
             raise  # the call itself raised a TimeoutError: report it as it is
         future.cancel()
-        raise DeadlineExceeded(f"{what} took longer than {limit:.1f} s") from None
+        if query_bound:
+            raise DeadlineExceeded(f"the query's deadline passed during the {what}") from None
+        raise DeadlineExceeded(f"{what} took longer than {limit:.3g} s") from None

@@ -30,6 +30,7 @@ import io
 import math
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -157,8 +158,10 @@ def sniff_mime(data: bytes) -> str:
 
 def _header_size(data: bytes, name: str) -> tuple[int, int]:
     try:
-        with Image.open(io.BytesIO(data)) as im:  # reads the header only
-            return im.size
+        with warnings.catch_warnings():  # our own pixel cap decides, right after this
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:  # reads the header only
+                return im.size
     except Image.DecompressionBombError as exc:
         raise ImageLoadError(
             f"image {name} is larger than PIL's decompression-bomb limit "
@@ -166,7 +169,9 @@ def _header_size(data: bytes, name: str) -> tuple[int, int]:
             "trusted data"
         ) from exc
     except (OSError, SyntaxError, ValueError) as exc:
-        raise ImageLoadError(f"image {name} is corrupt or truncated (or not an image): {exc}") from None
+        raise ImageLoadError(
+            f"image {name} is corrupt or truncated (or not an image): {exc}"
+        ) from None
 
 
 def decode_image(data: bytes, name: str = "image", max_pixels: int | None = None) -> np.ndarray:

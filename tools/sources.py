@@ -307,10 +307,15 @@ def fetch_url(url: str, policy: ImagePolicy) -> bytes:
     deadline = time.monotonic() + (budget if budget is not None else policy.fetch_timeout_s)
     shown = redact(url)
 
+    def too_slow() -> ImageLoadError:
+        return ImageLoadError(
+            f"fetching {shown} took longer than the time allowed ({budget or policy.fetch_timeout_s:.3g} s)"
+        )
+
     def left() -> float:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise ImageLoadError(f"fetching {shown} took longer than the time allowed")
+            raise too_slow()
         return remaining
 
     for _hop in range(policy.max_redirects + 1):
@@ -383,9 +388,10 @@ def fetch_url(url: str, policy: ImagePolicy) -> bytes:
                     )
                 chunks.append(chunk)
             return b"".join(chunks)
+        except TimeoutError:
+            raise too_slow() from None
         except (OSError, http.client.HTTPException) as exc:
-            reason = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
-            raise ImageLoadError(f"could not fetch {shown}: {reason}") from None
+            raise ImageLoadError(f"could not fetch {shown}: {type(exc).__name__}") from None
         finally:
             conn.close()
     raise ImageLoadError(f"{shown}: more than {policy.max_redirects} redirects")

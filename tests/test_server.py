@@ -1,0 +1,179 @@
+"""The served graphs through a real ``langgraph dev`` server and the ``langgraph_sdk`` client.
+
+Starts the server from ``langgraph-cli[inmem]`` on a free loopback port with no environment
+set (so it serves the shipped demo checkpoints, strictly), drives it as a remote user would,
+and stops it. Deselect with ``-m "not server"``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.server
+
+ROOT = Path(__file__).resolve().parents[1]
+QUESTION = "What is the color of the object?"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    import httpx
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECEYES_", "LANGSMITH_"))}
+    env.update(
+        SPECEYES_BLOB_DIR=str(tmp_path_factory.mktemp("blobs")),
+        LANGSMITH_TRACING="false",
+        LANGGRAPH_CLI_NO_ANALYTICS="1",
+    )
+    log = open(tmp_path_factory.mktemp("log") / "server.log", "w+")
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "langgraph_cli", "dev", "--port", str(port),
+            "--host", "127.0.0.1", "--no-browser", "--no-reload",
+        ],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                break
+            try:
+                if httpx.get(url + "/ok", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(1)
+        else:
+            proc.poll()
+        if proc.returncode is not None or time.time() >= deadline:
+            log.seek(0)
+            pytest.fail(f"langgraph dev did not start:\n{log.read()[-3000:]}")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    assert proc.returncode is not None  # the server we started is gone
+
+
+@pytest.fixture(scope="module")
+def scenes(tmp_path_factory):
+    """Demo scenes and what the same graph answers in this process (the reference)."""
+    from speceyes_graph.demo import demo_graph, demo_models, demo_queries
+
+    queries = demo_queries(tmp_path_factory.mktemp("scenes"), n=6, seed=7)
+    models = demo_models(batch_size=1)  # the server runs one query at a time, too
+    local = demo_graph(models["small"], models["large"]).compile()
+    out = []
+    for q in queries:
+        data = "data:image/png;base64," + base64.b64encode(Path(q.image).read_bytes()).decode()
+        inputs = {"question": q.question, "images": [data], "options": q.options}
+        out.append((inputs, local.invoke(inputs)))
+    return out
+
+
+def test_runs_on_one_thread_through_the_server(server, scenes):
+    from langgraph_sdk import get_sync_client
+
+    client = get_sync_client(url=server)
+    assert {a["graph_id"] for a in client.assistants.search()} == {
+        "speceyes",
+        "speceyes_chat",
+        "speceyes_example",
+    }
+    thread = client.threads.create()["thread_id"]
+    inputs, expected = scenes[0]
+
+    good = client.runs.wait(thread, "speceyes", input=inputs)
+    assert good["error"] is None
+    assert (good["route"], good["answer"]) == (expected["route"], expected["answer"])
+
+    # a stranger's local path: refused, and the run fails (served graphs raise)
+    bad = client.runs.create(
+        thread, "speceyes", input={"question": QUESTION, "images": ["/etc/passwd"]}
+    )
+    client.runs.join(thread, bad["run_id"])
+    bad_run = client.runs.get(thread, bad["run_id"])
+    assert bad_run["status"] == "error"
+
+    # the thread is not poisoned: the next run starts clean
+    for inputs, expected in scenes[1:3]:
+        again = client.runs.wait(thread, "speceyes", input=inputs)
+        assert again["error"] is None
+        assert (again["route"], again["answer"]) == (expected["route"], expected["answer"])
+        if expected["route"] == "speculative":
+            assert again["agent_steps"] == [] and again["stop_reason"] is None
+    state = client.threads.get_state(thread)["values"]
+    assert state["error"] is None and "base64" not in json.dumps(state)
+    assert state["query"]["images"][0].startswith("blob://")
+
+    # streaming: the route is decided node by node
+    nodes = [
+        next(iter(chunk.data))
+        for chunk in client.runs.stream(
+            thread, "speceyes", input=scenes[0][0], stream_mode="updates"
+        )
+        if chunk.event == "updates"
+    ]
+    assert nodes[0] == "intake" and nodes[1] in ("judge",)
+
+    # per-run settings through the run's context: tau 1.0 rejects every draft
+    speculative = next(i for i, e in scenes if e["route"] == "speculative")
+    strict = client.runs.wait(thread, "speceyes", input=speculative, context={"tau": 1.0})
+    assert strict["route"] == "rejected-agentic" and strict["draft"]["accepted"] is False
+
+
+def test_schemas_describe_the_inputs(server):
+    from langgraph_sdk import get_sync_client
+
+    client = get_sync_client(url=server)
+    assistant = client.assistants.search(graph_id="speceyes")[0]
+    schemas = client.assistants.get_schemas(assistant["assistant_id"])
+    images = schemas["input_schema"]["properties"]["images"]
+    assert "data:image/png;base64" in images["description"]
+    assert {"tau", "k", "aggregation", "mode", "max_agent_steps"} <= set(
+        schemas["context_schema"]["properties"]
+    )
+
+
+def test_chat_graph_through_the_server(server, scenes):
+    from langgraph_sdk import get_sync_client
+
+    client = get_sync_client(url=server)
+    thread = client.threads.create()["thread_id"]
+    inputs, _ = scenes[0]
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": inputs["question"]},
+            {"type": "image_url", "image_url": {"url": inputs["images"][0]}},
+        ],
+    }
+    out = client.runs.wait(thread, "speceyes_chat", input={"messages": [message]})
+    assert [m["type"] for m in out["messages"]] == ["human", "ai"]
+    assert out["messages"][-1]["content"] and out["error"] is None
+    assert out["route"] in ("speculative", "judged-agentic", "rejected-agentic")
+    state = client.threads.get_state(thread)["values"]
+    assert "base64" not in json.dumps(state)
