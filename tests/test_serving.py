@@ -267,10 +267,13 @@ def test_langgraph_json_points_at_a_compiled_graph(monkeypatch):
     assert {"judge", "speculate", "gate", "agent_loop"} <= set(graph.get_graph().nodes)
 
 
-def test_studio_graph_from_environment(monkeypatch, scene4k):
+def test_studio_graph_from_environment(monkeypatch, scene4k, tmp_path):
+    import os
     import runpy
     from pathlib import Path
 
+    monkeypatch.setenv("SPECEYES_IMAGE_DIRS", os.path.dirname(scene4k))  # served: allow-listed
+    monkeypatch.setenv("SPECEYES_BLOB_DIR", str(tmp_path / "blobs"))
     with ReplayServer(make_respond()) as server:
         monkeypatch.setenv("SPECEYES_SMALL_URL", server.url)
         monkeypatch.setenv("SPECEYES_SMALL_MODEL", "small")
