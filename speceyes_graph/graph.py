@@ -146,6 +146,8 @@ def create_speceyes_graph(
     draft_kwargs = {"max_tokens": draft_max_tokens} if draft_max_tokens else {}
     if mode not in ("speceyes", "agent", "small"):
         raise ValueError(f"unknown mode {mode!r}; use 'speceyes', 'agent' or 'small'")
+    if on_error not in ("record", "raise"):
+        raise ValueError(f"on_error must be 'record' or 'raise', got {on_error!r}")
     if mode in ("speceyes", "agent") and agent is None:
         raise ValueError(f"mode {mode!r} needs an agent model (agent=...)")
     if mode in ("speceyes", "small") and speculator is None:

@@ -293,7 +293,7 @@ class ImageStore:
         self._lock = threading.Lock()
         self._loading: dict[Any, threading.Lock] = {}
         self._views: OrderedDict[tuple, str] = OrderedDict()  # (source key, resize) -> blob key
-        self._derived: OrderedDict[str, tuple[str, ResizeSpec | None]] = OrderedDict()
+        self._derived: OrderedDict[str, tuple] = OrderedDict()  # view key -> how to render it
         self.max_views = 4096
 
     # --- references ----------------------------------------------------------------------
@@ -328,9 +328,8 @@ class ImageStore:
             return data
         with self._lock:
             derivation = self._derived.get(key)
-        if derivation is not None:
-            rebuilt = self.model_view(*derivation, _rebuild=True)
-            data = self.blobs.get(rebuilt)
+        if derivation is not None:  # a view evicted from the blobs: render it again
+            data = self.blobs.get(self._render_view(*derivation))
             if data is not None:
                 return data
         if not is_blob_key(key):
@@ -403,21 +402,21 @@ class ImageStore:
         arr = self.get(ref)
         return arr.shape[1], arr.shape[0]
 
-    def model_view(
-        self, ref: str, resize: ResizeSpec | None = None, *, _rebuild: bool = False
-    ) -> str:
+    def model_view(self, ref: str, resize: ResizeSpec | None = None) -> str:
         """Blob key of the image as the model will see it (smart-resized PNG), cached.
 
         Sending the resized image (not the 8K original) keeps requests small and makes the
         model's pixel coordinates exactly the frame that ``ResizeSpec`` maps back from.
         """
-        source, _ = (ref, None) if is_blob_key(ref) else self._source(ref)
-        view = (source, resize)
+        source = ref if is_blob_key(ref) else self._source(ref)[0]
         with self._lock:
-            key = self._views.get(view)
-            if key is not None and not _rebuild:
-                self._views.move_to_end(view)
+            key = self._views.get((source, resize))
+            if key is not None:
+                self._views.move_to_end((source, resize))
                 return key
+        return self._render_view(ref, resize, source)
+
+    def _render_view(self, ref: str, resize: ResizeSpec | None, source: Any) -> str:
         arr = self.get(ref)
         if resize is not None:
             h, w = arr.shape[:2]
@@ -429,8 +428,8 @@ class ImageStore:
                 arr = cv2.resize(arr, (tw, th), interpolation=interp)
         key = self.put_array(arr)
         with self._lock:
-            self._views[view] = key
-            self._derived[key] = (ref, resize)
+            self._views[(source, resize)] = key
+            self._derived[key] = (ref, resize, source)
             for table in (self._views, self._derived):
                 while len(table) > self.max_views:
                     table.popitem(last=False)
@@ -472,11 +471,26 @@ def default_store() -> ImageStore:
     return _DEFAULT_STORE
 
 
+_HELD: dict[str, int] = {}
+_HELD_LOCK = threading.Lock()
+
+
 def put_bytes(data: bytes) -> str:
-    """Keep encoded image bytes in the default store; returns a ``blob://`` reference."""
-    return _DEFAULT_STORE.put(data)
+    """Keep encoded image bytes in the default store until :func:`release`; returns a
+    ``blob://`` reference. Counted: the same image put twice needs two releases."""
+    key = _DEFAULT_STORE.put(data)
+    with _HELD_LOCK:
+        _HELD[key] = _HELD.get(key, 0) + 1
+    return key
 
 
 def release(ref: str) -> None:
-    """Forget an image and its decoded copies (benchmark runners stream thousands)."""
+    """Let go of an image from :func:`put_bytes`; forgotten (with its decoded copies) when no
+    one holds it any more (benchmark runners stream thousands, some sharing an image)."""
+    with _HELD_LOCK:
+        left = _HELD.get(ref, 1) - 1
+        if left > 0:
+            _HELD[ref] = left
+            return
+        _HELD.pop(ref, None)
     _DEFAULT_STORE.forget(ref)

@@ -12,7 +12,7 @@
   ``Full/{adversarial,popular,random}`` with ``question_id, question, answer, image{bytes}``,
   read in record batches.
 
-Images of TSV/parquet rows are handed over as bytes and registered (``mem://``) only while
+Images of TSV/parquet rows are handed over as bytes and kept in the image store (``blob://``) only while
 their query is in flight: the runner releases each one when its record is written.
 
 Get the data with your usual tools (``git lfs clone`` of the dataset repositories or

@@ -19,6 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
+from speceyes_tools.blobs import is_blob_key
 from speceyes_tools.images import put_bytes, release
 
 from .datasets import BenchQuery
@@ -103,7 +104,7 @@ def _run_one(graph, q: BenchQuery, mode: str) -> dict:
     except Exception as exc:  # a failure of the graph itself: recorded, never fatal to the run
         return _record(q, None, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}", mode)
     finally:
-        if ref and ref.startswith("mem://"):
+        if ref and is_blob_key(ref):
             release(ref)
 
 

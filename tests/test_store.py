@@ -1,0 +1,101 @@
+"""The image store's parts: blobs, views that survive eviction, held images, deadlines."""
+
+import contextvars
+import threading
+import time
+
+import pytest
+from conftest import write_scene
+
+from speceyes_graph.batching import BatchScheduler
+from speceyes_tools import DeadlineExceeded, DirectoryBlobs, ImageStore, MemoryBlobs, ResizeSpec
+from speceyes_tools.deadlines import call_with_deadline, deadline_scope, time_left
+from speceyes_tools.images import put_bytes, release
+
+
+def test_memory_blobs_are_a_bounded_lru():
+    blobs = MemoryBlobs(max_bytes=25)
+    for i in range(5):
+        blobs.put(f"k{i}", bytes(10))
+    assert blobs.nbytes <= 25 and len(blobs) == 2 and blobs.get("k0") is None
+    assert blobs.get("k4") == bytes(10)
+
+
+def test_directory_blobs_outlive_the_store_and_prune(tmp_path, scene):
+    first = ImageStore(blobs=DirectoryBlobs(tmp_path / "blobs"))
+    key = first.put(open(scene, "rb").read())
+    # another store on the same folder (another process, a server restart) reads it
+    second = ImageStore(blobs=DirectoryBlobs(tmp_path / "blobs"))
+    assert second.get(key).shape == (720, 1280, 3)
+    assert not list((tmp_path / "blobs").rglob(".tmp-*"))  # written atomically
+    other = first.put(b"x" * 100)
+    removed = DirectoryBlobs(tmp_path / "blobs").prune(max_bytes=150)
+    assert removed == 1 and second.blobs.get(other) is not None  # the oldest went first
+    with pytest.raises(KeyError):
+        DirectoryBlobs(tmp_path / "blobs").get("blob://../../etc/passwd")
+
+
+def test_a_model_view_evicted_from_the_blobs_is_rendered_again(tmp_path):
+    store = ImageStore(blobs=MemoryBlobs(max_bytes=10))  # keeps one blob at most
+    a = write_scene(tmp_path / "a.png")
+    key = store.model_view(a, ResizeSpec())
+    store.model_view(write_scene(tmp_path / "b.png", colour=(0, 0, 200)), ResizeSpec())
+    assert store.blobs.get(key) is None  # evicted
+    data = store.read(key)  # still readable: rebuilt from its source
+    assert data.startswith(b"\x89PNG") and store.model_view(a, ResizeSpec()) == key
+
+
+def test_a_held_image_stays_until_its_last_release(scene):
+    data = open(scene, "rb").read()
+    one, two = put_bytes(data), put_bytes(data)  # two queries, one image
+    assert one == two
+    release(one)
+    from speceyes_tools import default_store
+
+    assert default_store().get(two).shape == (720, 1280, 3)
+    release(two)
+    with pytest.raises(Exception, match="not in this image store"):
+        default_store().get(two)
+
+
+def test_call_with_deadline_keeps_context_and_errors():
+    var = contextvars.ContextVar("v", default="unset")
+    var.set("caller")
+    assert call_with_deadline(lambda: var.get(), timeout=5, what="call") == "caller"
+
+    def boom():
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        call_with_deadline(boom, timeout=5, what="x")
+    t0 = time.perf_counter()
+    with pytest.raises(DeadlineExceeded, match="model call took longer than 0.2 s"):
+        call_with_deadline(time.sleep, 5, timeout=0.2, what="model call")
+    assert time.perf_counter() - t0 < 2
+    with deadline_scope(time.time() + 0.2):
+        assert 0 < time_left() <= 0.2 and time_left(0.1) == 0.1
+        with pytest.raises(DeadlineExceeded, match="the query's deadline passed during the x"):
+            call_with_deadline(time.sleep, 5, timeout=10, what="x")
+
+
+def test_scheduler_drops_requests_whose_deadline_passed():
+    started = threading.Event()
+    release_worker = threading.Event()
+    ran = []
+
+    def run_batch(key, payloads):
+        ran.extend(payloads)
+        started.set()
+        release_worker.wait(5)
+        return payloads
+
+    scheduler = BatchScheduler(run_batch, max_batch_size=1, max_wait_s=0)
+    first = scheduler.submit("k", "first")  # occupies the worker
+    started.wait(5)
+    with deadline_scope(time.time() + 0.2), pytest.raises(DeadlineExceeded):
+        scheduler.call("k", "late")  # waits behind it, then gives up
+    release_worker.set()
+    assert first.result(5) == "first"
+    time.sleep(0.1)
+    assert ran == ["first"]  # the abandoned request never ran
+    scheduler.close()
