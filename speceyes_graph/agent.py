@@ -141,6 +141,7 @@ def create_agent_loop(
                     [SystemMessage(content=system), *hydrate(wire, store)],
                     timeout=state.get("model_timeout_s"),
                     what="agent model call",
+                    inline=getattr(model, "handles_deadlines", False),
                 )
                 latency = time.perf_counter() - t0
         except Exception as exc:  # the model failed: this query fails, the batch goes on

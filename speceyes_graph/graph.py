@@ -195,14 +195,14 @@ def create_speceyes_graph(
         return {"error": message, "timings": {phase: time.perf_counter() - t0}}
 
     def call_model(state: SpecEyesState, model: Any, messages: list, what: str, **kwargs):
-        settings = state["settings"]
         with deadline_scope(state.get("deadline")):
             check_deadline(what)
             return call_with_deadline(
                 model.invoke,
                 hydrate(messages, store),
-                timeout=settings["model_timeout_s"],
+                timeout=state["settings"]["model_timeout_s"],
                 what=what,
+                inline=handles_deadlines(model),
                 **kwargs,
             )
 
@@ -380,6 +380,13 @@ def create_speceyes_graph(
         graph.add_node("judge", judge_node)
         graph.add_conditional_edges("judge", after_judge, ["speculate", "agent_loop", END])
     return graph
+
+
+def handles_deadlines(model: Any) -> bool:
+    """Whether a model (or a binding of one) honours the deadline context itself."""
+    while hasattr(model, "bound"):
+        model = model.bound
+    return bool(getattr(model, "handles_deadlines", False))
 
 
 def _internal(model: BaseChatModel | None, name: str) -> Any:

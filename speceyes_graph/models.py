@@ -21,7 +21,7 @@ import base64
 import logging
 import threading
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -135,6 +135,8 @@ class ChatTransformersVLM(BaseChatModel):
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    handles_deadlines: ClassVar[bool] = True  # waits are bounded by the caller's deadline
 
     _hf_model: Any = PrivateAttr(default=None)
     _processor: Any = PrivateAttr(default=None)

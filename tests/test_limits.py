@@ -212,3 +212,20 @@ def test_tiny_model_context_caps_the_question(tiny_chat, tmp_path):
     assert "3072" in mixed[2]["error"] and "tokens long" in mixed[2]["error"]
     for a, b in zip(alone, [mixed[0], mixed[1], mixed[3]]):
         assert (a["route"], a["answer"], a["error"]) == (b["route"], b["answer"], b["error"])
+
+
+def test_local_models_honour_the_model_deadline_without_a_thread(tiny_models, scene):
+    """ChatTransformersVLM bounds its own wait for a batch (no extra thread per call) and
+    drops a request whose deadline passed before it ran."""
+    from speceyes_graph.models import ChatTransformersVLM
+
+    slow = ChatTransformersVLM(model=str(tiny_models["large"]), max_new_tokens=64, max_wait_ms=300)
+    g = create_speceyes_graph(
+        judge=slow,
+        speculator=speculator(),
+        agent=deepeyes_agent(),
+        limits=Limits(model_timeout_s=0.05),  # shorter than the batcher's 300 ms wait
+    ).compile()
+    out = g.invoke({"question": "big?", "images": [scene]})
+    assert out["error"].startswith("judge: DeadlineExceeded")
+    assert slow.scheduler.stats.requests == 0  # the abandoned request never ran

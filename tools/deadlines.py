@@ -15,6 +15,7 @@ has failed with a clear error and every other query carries on.
 from __future__ import annotations
 
 import contextvars
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +38,40 @@ T = TypeVar("T")
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "speceyes_deadline", default=None
 )
+
+
+class _Workers:
+    """Reusable daemon threads: a hung call keeps its thread, everyone else gets an idle one
+    or a new one (never blocked behind it), and a hung thread never holds up process exit.
+    Starting a thread costs about a millisecond here, which would double the graph's own
+    overhead per query."""
+
+    def __init__(self, max_idle: int = 64):
+        self.max_idle = max_idle
+        self._idle: list[queue.SimpleQueue] = []
+        self._lock = threading.Lock()
+
+    def run(self, ctx: contextvars.Context, job: Callable[[], None]) -> None:
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            threading.Thread(
+                target=self._work, args=(inbox,), name="speceyes-call", daemon=True
+            ).start()
+        inbox.put((ctx, job))
+
+    def _work(self, inbox: queue.SimpleQueue) -> None:
+        while True:
+            ctx, job = inbox.get()
+            ctx.run(job)
+            with self._lock:
+                if len(self._idle) >= self.max_idle:
+                    return
+                self._idle.append(inbox)
+
+
+_WORKERS = _Workers()
 
 
 class DeadlineExceeded(TimeoutError):
@@ -77,12 +112,22 @@ def check_deadline(what: str) -> None:
 
 
 def call_with_deadline(
-    fn: Callable[..., T], *args: Any, timeout: float | None, what: str, **kwargs: Any
+    fn: Callable[..., T],
+    *args: Any,
+    timeout: float | None,
+    what: str,
+    inline: bool = False,
+    **kwargs: Any,
 ) -> T:
     """``fn(*args, **kwargs)``, but give up after ``timeout`` seconds (or the query's deadline).
 
-    The call runs in a daemon thread with a copy of the caller's context (LangChain callbacks,
-    LangGraph config and stream writer, the deadline), so tracing and streaming are unchanged.
+    ``inline=True`` is for callees that honour the deadline themselves (``ChatTransformersVLM``
+    stops waiting for its batch and drops the request): they run in the caller's thread under
+    the tighter deadline, saving the thread hop.
+
+    The call runs in a (reused) daemon thread with a copy of the caller's context (LangChain
+    callbacks, LangGraph config and stream writer, the deadline), so tracing and streaming
+    are unchanged.
     """
     query_left = time_left()
     limit = time_left(timeout)
@@ -91,6 +136,9 @@ def call_with_deadline(
     if limit <= 0:
         raise DeadlineExceeded(f"{what}: the query's deadline passed")
     query_bound = query_left is not None and (timeout is None or query_left < timeout)
+    if inline:
+        with deadline_scope(time.time() + limit):
+            return fn(*args, **kwargs)
     future: Future = Future()
     ctx = contextvars.copy_context()
 
@@ -105,7 +153,7 @@ def call_with_deadline(
         else:
             future.set_result(result)
 
-    threading.Thread(target=ctx.run, args=(run,), name=f"deadline:{what}", daemon=True).start()
+    _WORKERS.run(ctx, run)
     try:
         return future.result(timeout=limit)
     except FutureTimeout:
