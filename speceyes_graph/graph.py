@@ -65,7 +65,9 @@ _CLEAN_RUN: dict[str, Any] = {
     "agent_steps": [],
     "stop_reason": None,
     "error": None,
+    "query": None,
 }
+_FIRST_NODE = {"agent": "agent_loop", "small": "speculate", "speceyes": "judge"}  # by mode
 
 
 class SpecEyesError(RuntimeError):
@@ -240,8 +242,7 @@ def create_speceyes_graph(
     def after_intake(state: SpecEyesState) -> str:
         if state.get("error"):
             return END
-        mode = state["settings"]["mode"]
-        return {"agent": "agent_loop", "small": "speculate", "speceyes": "judge"}[mode]
+        return _FIRST_NODE[state["settings"]["mode"]]
 
     # --- phase I ----------------------------------------------------------------------------------
     def judge_node(state: SpecEyesState) -> dict[str, Any]:
@@ -365,9 +366,8 @@ def create_speceyes_graph(
 
     graph.add_node("intake", intake)
     graph.add_edge(START, "intake")
-    first = {"agent": "agent_loop", "small": "speculate", "speceyes": "judge"}
     graph.add_conditional_edges(
-        "intake", after_intake, [first[m] for m in sorted(available)] + [END]
+        "intake", after_intake, [_FIRST_NODE[m] for m in sorted(available)] + [END]
     )
     if speculator is not None:
         graph.add_node("speculate", speculate_node)
