@@ -12,7 +12,7 @@ from langchain_core.messages import AIMessage
 
 from speceyes_graph import create_speceyes_graph, load_toolset
 from speceyes_graph.example import make_example_models, make_example_scenes
-from speceyes_graph.scripted import ScriptedChatModel
+from speceyes_graph.models import ScriptedChatModel
 
 here = Path(__file__).resolve().parent
 sys.path.insert(0, str(here))  # so that "my_tools:brightness" imports

@@ -27,7 +27,7 @@ import numpy as np
 from PIL import Image
 
 from speceyes_graph import create_speceyes_graph
-from speceyes_graph.scripted import ScriptedChatModel, fake_logprobs
+from speceyes_graph.models import ScriptedChatModel, fake_logprobs
 
 QUESTION = "What is written on the small sign next to the red door?"
 

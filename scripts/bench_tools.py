@@ -153,7 +153,7 @@ def peak_memory_8k_query(path):
     code = f"""
 import resource, json
 from speceyes_graph import create_speceyes_graph
-from speceyes_graph.scripted import ScriptedChatModel, fake_logprobs
+from speceyes_graph.models import ScriptedChatModel, fake_logprobs
 from langchain_core.messages import AIMessage
 import speceyes_graph.messages  # import everything before the baseline
 def status(key):

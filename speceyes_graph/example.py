@@ -22,7 +22,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from PIL import Image, ImageDraw
 
 from .graph import create_speceyes_graph
-from .scripted import ScriptedChatModel, fake_logprobs
+from .models.scripted import ScriptedChatModel, fake_logprobs
 
 __all__ = ["EXAMPLE_QUERIES", "make_example_models", "make_example_scenes", "run_example"]
 

@@ -57,7 +57,7 @@ def served_models() -> dict[str, Any]:
     gate = GateConfig(tau=float(env("SPECEYES_TAU", "0.98")), k=int(env("SPECEYES_TOP_K", "64")))
     common: dict[str, Any] = {"gate": gate, "tools": env("SPECEYES_TOOLS", "deepeyes")}
     if env("SPECEYES_SMALL_URL") and env("SPECEYES_LARGE_URL"):
-        from speceyes_graph.serving import openai_models
+        from speceyes_graph.models import openai_models
 
         return {
             **common,

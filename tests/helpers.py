@@ -6,8 +6,8 @@ import json
 
 from langchain_core.messages import AIMessage
 
+from speceyes_graph.models import ScriptedChatModel, fake_logprobs
 from speceyes_graph.protocol import message_text
-from speceyes_graph.scripted import ScriptedChatModel, fake_logprobs
 
 
 def question_of(messages) -> str:

@@ -7,8 +7,8 @@ from langchain_core.tools import tool
 from helpers import deepeyes_agent, judge, speculator
 from speceyes_graph import create_speceyes_graph
 from speceyes_graph.messages import to_wire
+from speceyes_graph.models import ScriptedChatModel
 from speceyes_graph.protocol import extract_answer, message_text, parse_deepeyes
-from speceyes_graph.scripted import ScriptedChatModel
 
 TOOLS = {"image_zoom_in_tool"}
 

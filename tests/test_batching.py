@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from speceyes_graph.batching import BatchScheduler
+from speceyes_graph.models import BatchScheduler
 
 
 def doubler(log):

@@ -26,7 +26,7 @@ from speceyes_graph.benchmarks import (
 )
 from speceyes_graph.benchmarks.report import auroc, build_report, write_report
 from speceyes_graph.benchmarks.synthetic import COLOURS, make_query
-from speceyes_graph.scripted import fake_logprobs
+from speceyes_graph.models import fake_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -241,9 +241,9 @@ RUNNER = textwrap.dedent("""
     from helpers import judge, speculator, deepeyes_agent
     from speceyes_graph import create_speceyes_graph
     from speceyes_graph.benchmarks import load_benchmark, run_benchmark
-    from speceyes_graph.scripted import ScriptedChatModel
+    from speceyes_graph.models import ScriptedChatModel
     from langchain_core.messages import AIMessage
-    from speceyes_graph.scripted import fake_logprobs
+    from speceyes_graph.models import fake_logprobs
     def slow(msgs):
         time.sleep(0.15)
         return AIMessage(content="A", response_metadata={{"logprobs": fake_logprobs(["A"], [9.0])}})
@@ -463,7 +463,7 @@ def test_report_files_and_plots(tmp_path):
 
 def test_llm_judge_for_free_form_answers():
     from speceyes_graph.benchmarks.scoring import llm_judge
-    from speceyes_graph.scripted import ScriptedChatModel
+    from speceyes_graph.models import ScriptedChatModel
 
     seen = []
 

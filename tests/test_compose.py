@@ -8,7 +8,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from helpers import deepeyes_agent, judge, speculator
 from speceyes_graph import create_speceyes_chat_graph, create_speceyes_graph, speceyes_tool
-from speceyes_graph.scripted import ScriptedChatModel
+from speceyes_graph.models import ScriptedChatModel
 
 
 def models(**kw):

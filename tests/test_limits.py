@@ -11,7 +11,7 @@ from conftest import write_scene
 
 from helpers import deepeyes_agent, judge, question_of, speculator
 from speceyes_graph import Limits, create_speceyes_graph
-from speceyes_graph.scripted import ScriptedChatModel
+from speceyes_graph.models import ScriptedChatModel
 from speceyes_tools import ImagePolicy, ImageStore
 
 GOOD = {"question": "big?", "options": ["red", "blue"]}

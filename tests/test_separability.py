@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from speceyes_graph.scripted import fake_logprobs
+from speceyes_graph.models import fake_logprobs
 from speceyes_graph.separability import (
     GateConfig,
     SeparabilityError,

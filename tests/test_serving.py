@@ -15,7 +15,7 @@ from conftest import write_scene  # noqa: E402
 from vllm_replay import ReplayServer, completion, logprobs_content  # noqa: E402
 
 from speceyes_graph import GateConfig, create_speceyes_graph  # noqa: E402
-from speceyes_graph.serving import openai_chat_model, openai_models  # noqa: E402
+from speceyes_graph.models import openai_chat_model, openai_models  # noqa: E402
 from speceyes_tools import ResizeSpec  # noqa: E402
 
 SERVER_ERROR = {

@@ -5,7 +5,7 @@ from langchain_core.messages import AIMessage
 
 from helpers import deepeyes_agent, judge, speculator
 from speceyes_graph import GateConfig, Limits, SpecEyesError, create_speceyes_graph
-from speceyes_graph.scripted import ScriptedChatModel, fake_logprobs
+from speceyes_graph.models import ScriptedChatModel, fake_logprobs
 from speceyes_graph.separability import acceptance_score
 
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from conftest import write_scene
 
-from speceyes_graph.batching import BatchScheduler
+from speceyes_graph.models import BatchScheduler
 from speceyes_tools import DeadlineExceeded, DirectoryBlobs, ImageStore, MemoryBlobs, ResizeSpec
 from speceyes_tools.deadlines import call_with_deadline, deadline_scope, time_left
 from speceyes_tools.images import put_bytes, release

@@ -6,9 +6,8 @@ from langchain_core.messages import AIMessage
 from PIL import Image
 
 from speceyes_graph import create_speceyes_graph
-from speceyes_graph.models import to_hf_messages
+from speceyes_graph.models import ScriptedChatModel, fake_logprobs, to_hf_messages
 from speceyes_graph.protocol import parse_deepeyes
-from speceyes_graph.scripted import ScriptedChatModel, fake_logprobs
 from speceyes_graph.training import (
     COLOURS,
     DEMO_PROMPTS,

@@ -1,0 +1,198 @@
+"""Cross-query batching: coalesce concurrent model calls into one batched call.
+
+When ``graph.batch()`` runs N queries, N threads (or tasks) reach the same phase at about
+the same time and each calls ``model.invoke``. :class:`BatchScheduler` queues those
+requests by *key* (the generation settings: a judge call, a draft, an agent step), and one
+worker thread per model drains them: it takes the oldest waiting request, waits up to
+``max_wait_s`` for more requests with the same key (up to ``max_batch_size``), and runs
+them as one batch. While a batch runs, the next one fills up, so under load batches form
+without any waiting at all.
+
+Different models have different schedulers (and worker threads), so the small model's
+drafts, the large model's judge calls and agent steps of other queries proceed at the same
+time instead of in lockstep phases. One failing request fails only its caller: if a
+batched call raises, its requests are retried one by one and only the broken ones fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+from speceyes_tools.deadlines import DeadlineExceeded, time_left
+
+__all__ = ["BatchScheduler", "BatchStats"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    key: Hashable
+    payload: Any
+    future: Future
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class BatchStats:
+    """What the scheduler did: how many batched calls, of which sizes."""
+
+    calls: int = 0
+    requests: int = 0
+    sizes: Counter = field(default_factory=Counter)
+    retried_alone: int = 0
+
+    @property
+    def mean_batch(self) -> float:
+        return self.requests / self.calls if self.calls else 0.0
+
+
+class BatchScheduler:
+    """Runs ``run_batch(key, payloads) -> results`` on coalesced requests in a worker thread.
+
+    ``run_batch`` returns one result per payload, in order; an item may be an ``Exception``
+    instance, which fails only that request.
+    """
+
+    def __init__(
+        self,
+        run_batch: Callable[[Hashable, Sequence[Any]], Sequence[Any]],
+        *,
+        max_batch_size: int = 16,
+        max_wait_s: float = 0.005,
+        max_expect_s: float = 0.5,
+        name: str = "speceyes-batcher",
+    ):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        self.run_batch = run_batch
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self.max_expect_s = max_expect_s
+        self.stats = BatchStats()
+        self._expected = 0  # requests announced by expect() and not yet submitted
+        self._queues: dict[Hashable, deque[_Request]] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def expect(self, n: int) -> None:
+        """Announce ``n`` requests on their way (negative: withdraw), so that the worker waits
+        for them (up to ``max_expect_s``) instead of only ``max_wait_s``: a ``batch()`` call
+        whose requests are prepared in parallel threads still meets in one ``generate``."""
+        with self._cond:
+            self._expected = max(0, self._expected + n)
+            self._cond.notify_all()
+
+    def submit(self, key: Hashable, payload: Any) -> Future:
+        """Queue one request; the future resolves to its result or raises its error."""
+        request = _Request(key, payload, Future())
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the batch scheduler is closed")
+            self._queues.setdefault(key, deque()).append(request)
+            self._expected = max(0, self._expected - 1)
+            self._cond.notify_all()
+        return request.future
+
+    def submit_many(self, key: Hashable, payloads: Sequence[Any]) -> list[Future]:
+        """Queue several requests at once, so they land in the same batch."""
+        requests = [_Request(key, p, Future()) for p in payloads]
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the batch scheduler is closed")
+            self._queues.setdefault(key, deque()).extend(requests)
+            self._cond.notify_all()
+        return [r.future for r in requests]
+
+    def call(self, key: Hashable, payload: Any) -> Any:
+        """Submit and wait, at most until the caller's deadline (a queued request is dropped)."""
+        future = self.submit(key, payload)
+        try:
+            return future.result(timeout=time_left())
+        except FutureTimeout:
+            if future.done():
+                raise
+            future.cancel()
+            raise DeadlineExceeded("the deadline passed while waiting for a batch") from None
+
+    async def acall(self, key: Hashable, payload: Any) -> Any:
+        future = self.submit(key, payload)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), time_left())
+        except asyncio.TimeoutError:
+            future.cancel()
+            raise DeadlineExceeded("the deadline passed while waiting for a batch") from None
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=5)
+
+    # --- worker ---------------------------------------------------------------------------
+
+    def _next_batch(self) -> list[_Request] | None:
+        with self._cond:
+            while True:
+                pending = {k: q for k, q in self._queues.items() if q}
+                if pending:
+                    break
+                if self._closed:
+                    return None
+                self._cond.wait()
+            key = min(pending, key=lambda k: pending[k][0].enqueued)  # oldest first, any key
+            queue = self._queues[key]
+            start = queue[0].enqueued
+            while len(queue) < self.max_batch_size and not self._closed:
+                wait = self.max_expect_s if self._expected > 0 else self.max_wait_s
+                remaining = start + wait - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            return [queue.popleft() for _ in range(min(len(queue), self.max_batch_size))]
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            batch = [r for r in batch if r.future.set_running_or_notify_cancel()]
+            if batch:
+                self._run(batch)
+
+    def _run(self, batch: list[_Request]) -> None:
+        key = batch[0].key
+        self.stats.calls += 1
+        self.stats.requests += len(batch)
+        self.stats.sizes[len(batch)] += 1
+        try:
+            results = list(self.run_batch(key, [r.payload for r in batch]))
+            if len(results) != len(batch):
+                raise RuntimeError(
+                    f"run_batch returned {len(results)} results for {len(batch)} requests"
+                )
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0].future.set_exception(exc)
+                return
+            log.warning("batched call of %d failed (%s); retrying one by one", len(batch), exc)
+            for r in batch:
+                self.stats.retried_alone += 1
+                self._run([r])
+            return
+        for r, result in zip(batch, results, strict=True):
+            if isinstance(result, BaseException):
+                r.future.set_exception(result)
+            else:
+                r.future.set_result(result)

@@ -1,0 +1,627 @@
+"""Local Hugging Face vision-language models as LangChain chat models, batched across queries.
+
+:class:`ChatTransformersVLM` loads any image-text-to-text checkpoint (Qwen2.5-VL fine-tunes
+such as DeepEyes or Thyme, Qwen3-VL, ...) through ``AutoProcessor`` /
+``AutoModelForImageTextToText`` and renders LangChain messages with the checkpoint's own
+chat template. Decoding is greedy by default. With ``top_logprobs=K`` every reply carries
+the top-K log-probs of each generated token in ``response_metadata["logprobs"]`` in the
+OpenAI format, so the SpecEyes gate treats local and served models the same way; every
+reply carries ``usage_metadata``.
+
+Every call goes through LangChain's own run handling (callbacks, tracing, message ids,
+``output_version``): ``invoke``, ``batch``, ``ainvoke``, ``abatch`` and calls from inside a
+graph reach :meth:`_generate`, which hands the prepared request to a
+:class:`~speceyes_graph.models.batching.BatchScheduler`; concurrent requests with the same
+generation settings are coalesced into one left-padded ``generate`` call. ``stream`` and
+``astream`` yield ``AIMessageChunk`` s token by token from a generation of their own, in a
+thread of their own, so a stream never holds up the batch worker.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Hashable, Iterator, Sequence
+from typing import Any, ClassVar
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.chat_models import LangSmithParams
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.runnables.config import get_config_list
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+
+from speceyes_tools.deadlines import DeadlineExceeded, deadline_scope, time_left
+from speceyes_tools.images import ResizeSpec
+
+from ..protocol import parse_deepeyes
+from .batching import BatchScheduler
+from .conversion import special_token_escaper, to_hf_messages
+
+__all__ = ["ChatTransformersVLM"]
+
+log = logging.getLogger(__name__)
+
+_PRELOADED = threading.local()  # hands a built model to __init__ (see from_components)
+_FORCING = ("any", "required", True)
+
+
+class ChatTransformersVLM(BaseChatModel):
+    """A local image-text-to-text checkpoint as a batched LangChain chat model.
+
+    Example::
+
+        small = ChatTransformersVLM(model="Qwen/Qwen3-VL-2B-Instruct", top_logprobs=64, max_tokens=20)
+        large = ChatTransformersVLM(model="ChenShawn/DeepEyes-7B", max_tokens=512)
+
+    ``max_tokens`` is the standard name of ``max_new_tokens``; both are accepted, at
+    construction and per call. ``stream()`` streams token by token; inside a LangGraph run
+    streamed with ``stream_mode="messages"`` calls stay batched (the whole reply arrives at
+    once) unless ``streaming=True``, which trades batching for token streaming.
+    """
+
+    model: str = Field(description="Local path or hub id of the checkpoint.")
+    top_logprobs: int | None = Field(
+        default=None, description="Return the top-K log-probs of each token."
+    )
+    max_new_tokens: int = Field(default=512, alias="max_tokens", ge=1)
+    temperature: float = 0.0
+    stop: list[str] | None = None
+    timeout: float | None = Field(
+        default=None, description="Deadline of one call, in seconds (None: the caller's)."
+    )
+    max_retries: int = Field(
+        default=0, ge=0, description="Extra attempts for a request whose generation failed."
+    )
+    streaming: bool = Field(
+        default=False, description="invoke() streams token by token (unbatched) when True."
+    )
+    dtype: str = "auto"
+    device_map: str | None = None
+    attn_implementation: str | None = None
+    max_batch_size: int = 16
+    max_wait_ms: float = 5.0
+    parse_tool_calls: bool = True
+    processor_kwargs: dict[str, Any] = Field(default_factory=dict)
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
+
+    handles_deadlines: ClassVar[bool] = True  # waits are bounded by the caller's deadline
+
+    _hf_model: Any = PrivateAttr(default=None)
+    _processor: Any = PrivateAttr(default=None)
+    _scheduler: BatchScheduler | None = PrivateAttr(default=None)
+    _escape: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _warn_unknown(cls, values: Any) -> Any:
+        if isinstance(values, dict):
+            known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+            unknown = sorted(set(values) - known)
+            if unknown:
+                log.warning("ChatTransformersVLM ignores unknown parameters %s", unknown)
+        return values
+
+    @classmethod
+    def from_components(cls, hf_model: Any, processor: Any, **kwargs: Any) -> ChatTransformersVLM:
+        """Wrap an already-built model and processor (e.g. random full-size weights on a GPU)."""
+        _PRELOADED.value = (hf_model, processor)
+        try:
+            return cls(model=kwargs.pop("model", type(hf_model).__name__), **kwargs)
+        finally:
+            _PRELOADED.value = None
+
+    def model_post_init(self, context: Any) -> None:
+        import torch
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        preloaded = getattr(_PRELOADED, "value", None)
+        if preloaded is not None:
+            self._hf_model, self._processor = preloaded
+        else:
+            self._processor = AutoProcessor.from_pretrained(self.model, **self.processor_kwargs)
+            has_cuda = torch.cuda.is_available()
+            kwargs: dict[str, Any] = {
+                "dtype": self.dtype
+                if self.dtype != "auto"
+                else ("auto" if has_cuda else torch.float32)
+            }
+            if self.device_map or has_cuda:
+                kwargs["device_map"] = self.device_map or "auto"
+            if self.attn_implementation:
+                kwargs["attn_implementation"] = self.attn_implementation
+            kwargs.update(self.model_kwargs)
+            self._hf_model = AutoModelForImageTextToText.from_pretrained(
+                self.model, **kwargs
+            ).eval()
+        # generation needs left padding; many checkpoints save "right"
+        self._processor.tokenizer.padding_side = "left"
+        self._escape = special_token_escaper(self._processor.tokenizer)
+        self._scheduler = BatchScheduler(
+            self._run_batch,
+            max_batch_size=self.max_batch_size,
+            max_wait_s=self.max_wait_ms / 1000,
+            name=f"batcher:{self.model}",
+        )
+
+    @property
+    def _llm_type(self) -> str:
+        return "transformers-vlm"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "max_tokens": self.max_new_tokens,
+            "top_logprobs": self.top_logprobs,
+            "temperature": self.temperature,
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider="transformers",
+            ls_model_name=kwargs.get("model") or self.model,
+            ls_model_type="chat",
+            ls_temperature=kwargs.get("temperature", self.temperature),
+            ls_max_tokens=kwargs.get("max_tokens")
+            or kwargs.get("max_new_tokens")
+            or self.max_new_tokens,
+        )
+        if stop or self.stop:
+            params["ls_stop"] = stop or self.stop
+        return params
+
+    @property
+    def max_tokens(self) -> int:
+        """The standard name of ``max_new_tokens``."""
+        return self.max_new_tokens
+
+    @property
+    def hf_model(self) -> Any:
+        return self._hf_model
+
+    @property
+    def processor(self) -> Any:
+        return self._processor
+
+    @property
+    def scheduler(self) -> BatchScheduler:
+        assert self._scheduler is not None
+        return self._scheduler
+
+    @property
+    def resize_spec(self) -> ResizeSpec:
+        """How this checkpoint's processor resizes images: the frame of its boxes."""
+        ip = self._processor.image_processor
+        size = getattr(ip, "size", None) or {}
+        factor = int(ip.patch_size * getattr(ip, "merge_size", 2))
+        min_pixels = int(
+            size.get("shortest_edge") or getattr(ip, "min_pixels", None) or factor * factor
+        )
+        max_pixels = int(
+            size.get("longest_edge") or getattr(ip, "max_pixels", None) or 1280 * factor * factor
+        )
+        return ResizeSpec(factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+
+    @property
+    def context_length(self) -> int | None:
+        """The checkpoint's context window in tokens (what a question must fit into)."""
+        config = self._hf_model.config
+        text_config = getattr(config, "text_config", None) or config
+        value = getattr(text_config, "max_position_embeddings", None)
+        return int(value) if value else None
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` with this checkpoint's tokenizer, as user text is sent."""
+        tokenizer = self._processor.tokenizer
+        return len(tokenizer(self._escape(text), add_special_tokens=False)["input_ids"])
+
+    def get_num_tokens(self, text: str) -> int:
+        return self.count_tokens(text)
+
+    def bind_tools(
+        self,
+        tools: Sequence[BaseTool | dict | Any],
+        *,
+        tool_choice: str | dict | bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Declare tools in the prompt through the checkpoint's chat template (as trained).
+
+        ``tool_choice``: ``"auto"`` / None (the model decides); ``"none"`` (no tools are
+        declared, no calls parsed); ``"any"`` / ``"required"`` / True (the reply is started
+        with ``<tool_call>``, so the model must write a call); a tool name or
+        ``{"type": "function", "function": {"name": ...}}`` (only that tool is declared and
+        the reply is started with the call's name). Starting the reply is as far as a local
+        model can be forced: the arguments are still the model's own and may be invalid.
+        """
+        schemas = [convert_to_openai_tool(t) for t in tools]
+        if isinstance(tool_choice, dict):
+            tool_choice = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        prefill = ""
+        if tool_choice == "none":
+            schemas = []
+        elif tool_choice in _FORCING:
+            prefill = "<tool_call>\n"
+        elif isinstance(tool_choice, str) and tool_choice != "auto":
+            schemas = [s for s in schemas if s["function"]["name"] == tool_choice]
+            if not schemas:
+                raise ValueError(f"tool_choice {tool_choice!r} names no bound tool")
+            prefill = "<tool_call>\n" + json.dumps({"name": tool_choice})[:-1] + ', "arguments": '
+        return self.bind(tools=schemas, tool_prefill=prefill, **kwargs)
+
+    # --- request preparation (caller's thread) -------------------------------------------------
+
+    def _settings(self, stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[Hashable, list]:
+        max_new = (
+            kwargs.get("max_new_tokens")
+            or kwargs.get("max_tokens")
+            or kwargs.get("max_completion_tokens")
+            or self.max_new_tokens
+        )
+        top_k = kwargs.get("top_logprobs", self.top_logprobs)
+        stops = tuple(stop if stop is not None else (self.stop or ()))
+        temperature = float(kwargs.get("temperature", self.temperature))
+        key = (int(max_new), top_k, stops, temperature)
+        return key, {"tools": kwargs.get("tools") or [], "prefill": kwargs.get("tool_prefill", "")}
+
+    def _prepare(
+        self, messages: Sequence[BaseMessage], tools: list[dict] | None = None, prefill: str = ""
+    ) -> dict:
+        """Chat template, images and processor for one request; ``prefill`` starts the reply."""
+        hf_messages, images = to_hf_messages(messages, self._escape)
+        prompt = self._processor.apply_chat_template(
+            hf_messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+        )
+        inputs = self._processor(
+            text=[prompt + prefill], images=images or None, return_tensors="pt"
+        )
+        return {"inputs": dict(inputs), "tools": bool(tools), "prefix": prefill}
+
+    # --- generation (the batch worker, or a streaming thread) ----------------------------------
+
+    def _collate(self, prepared: Sequence[dict]) -> dict:
+        import torch
+
+        pad_id = self._processor.tokenizer.pad_token_id
+        lengths = [p["inputs"]["input_ids"].shape[1] for p in prepared]
+        longest = max(lengths)
+        batch: dict[str, Any] = {}
+        keys = {k for p in prepared for k in p["inputs"]}
+        for key in keys:
+            values = [p["inputs"].get(key) for p in prepared]
+            first = next(v for v in values if v is not None)
+            sequence_aligned = all(
+                v is not None and v.ndim == 2 and v.shape[1] == n
+                for v, n in zip(values, lengths, strict=True)
+            )
+            if sequence_aligned:
+                fill = pad_id if key == "input_ids" else 0
+                padded = first.new_full((len(prepared), longest), fill)
+                for i, (v, n) in enumerate(zip(values, lengths, strict=True)):
+                    padded[i, longest - n :] = v[0]
+                batch[key] = padded
+            else:  # pixel values and grids: concatenated in request order
+                batch[key] = torch.cat([v for v in values if v is not None], dim=0)
+        device = self._hf_model.device
+        return {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
+
+    def _run_batch(self, key: Hashable, prepared: Sequence[dict], streamer: Any = None) -> list:
+        import torch
+
+        max_new, top_k, stops, temperature = key  # type: ignore[misc]
+        tokenizer = self._processor.tokenizer
+        inputs = self._collate(prepared)
+        gen_kwargs: dict[str, Any] = {
+            "max_new_tokens": max_new,
+            "return_dict_in_generate": True,
+            "output_logits": bool(top_k),
+            "pad_token_id": tokenizer.pad_token_id,
+        }
+        if temperature > 0:
+            gen_kwargs.update(do_sample=True, temperature=temperature)
+        else:
+            gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if stops:
+            gen_kwargs.update(stop_strings=list(stops), tokenizer=tokenizer)
+        if streamer is not None:
+            gen_kwargs["streamer"] = streamer
+        with torch.inference_mode():
+            out = self._hf_model.generate(**inputs, **gen_kwargs)
+        prompt_len = inputs["input_ids"].shape[1]
+        generated = out.sequences[:, prompt_len:].tolist()
+        step_top = None
+        if top_k:  # per step: log-softmax of the raw logits, top-K only (never [B, T, V] at once)
+            step_top = []
+            for logits in out.logits:
+                logprobs = torch.log_softmax(logits.float(), dim=-1)
+                values, ids = torch.topk(logprobs, int(top_k), dim=-1)
+                step_top.append((values.cpu(), ids.cpu(), logprobs))
+        eos = set(_as_list(self._hf_model.generation_config.eos_token_id)) | {
+            tokenizer.pad_token_id
+        }
+        results = []
+        for b, tokens in enumerate(generated):
+            n_prompt = int(prepared[b]["inputs"]["input_ids"].shape[1])
+            results.append(
+                self._decode(
+                    b, tokens, eos, stops, step_top, prepared[b]["tools"], n_prompt,
+                    prepared[b].get("prefix", ""),
+                )
+            )  # fmt: skip
+        return results
+
+    def _decode(
+        self,
+        b: int,
+        tokens: list[int],
+        eos: set,
+        stops: tuple,
+        step_top,
+        tools: bool,
+        n_prompt: int = 0,
+        prefix: str = "",
+    ) -> AIMessage:
+        """One reply: up to the first eos, stop strings cut (OpenAI semantics), log-probs,
+        usage, and tool calls parsed when tools were declared. ``prefix`` is the forced
+        start of the reply (``tool_choice``), which the reply text includes."""
+        tokenizer = self._processor.tokenizer
+        n = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))  # to first eos/pad
+        finish = "stop" if n < len(tokens) else "length"
+        tokens = tokens[:n]
+        pieces = [tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        kept = len(tokens)
+        for s in stops:  # OpenAI semantics: the stop string is not part of the reply
+            cut = text.find(s)
+            if cut >= 0:
+                text = text[:cut]
+                finish = "stop"
+                acc, kept = "", 0
+                for piece in pieces:
+                    if len(acc) >= cut:
+                        break
+                    acc += piece
+                    kept += 1
+        metadata: dict[str, Any] = {"model_name": self.model, "finish_reason": finish}
+        if step_top is not None:
+            content = []
+            for t in range(kept):
+                values, ids, full = step_top[t]
+                chosen = tokens[t]
+                top = [
+                    {"token": tokenizer.decode([int(i)]), "logprob": float(v)}
+                    for v, i in zip(values[b].tolist(), ids[b].tolist(), strict=True)
+                ]
+                content.append(
+                    {"token": pieces[t], "logprob": float(full[b, chosen]), "top_logprobs": top}
+                )
+            metadata["logprobs"] = {"content": content}
+        usage = UsageMetadata(
+            input_tokens=n_prompt, output_tokens=kept, total_tokens=n_prompt + kept
+        )
+        text = prefix + text
+        calls = []
+        if tools and self.parse_tool_calls and "<tool_call>" in text:
+            parsed = parse_deepeyes(text)
+            if parsed.answer is None:
+                calls = parsed.tool_calls
+        return AIMessage(
+            content=text, tool_calls=calls, response_metadata=metadata, usage_metadata=usage
+        )
+
+    # --- LangChain entry points ----------------------------------------------------------------
+
+    def batch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """LangChain's own batch (one traced run per input), with enough inputs in flight at
+        once that they meet in the same ``generate`` calls."""
+        if not inputs:
+            return []
+        configs = get_config_list(config, len(inputs))
+        width = configs[0].get("max_concurrency") or min(len(inputs), 4 * self.max_batch_size)
+        configs = [{**c, "max_concurrency": width} for c in configs]
+        announced = _Announced(self.scheduler, min(width, self.max_batch_size))
+        token = _ANNOUNCED.set(announced)
+        try:
+            return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
+        finally:
+            _ANNOUNCED.reset(token)
+            announced.withdraw_rest()
+
+    def _call(self, key: Hashable, prepared: dict) -> AIMessage:
+        """One request through the batch worker, within the deadline, with retries."""
+        with deadline_scope(None if self.timeout is None else time.time() + self.timeout):
+            for attempt in range(self.max_retries + 1):
+                try:
+                    return self.scheduler.call(key, prepared)
+                except DeadlineExceeded:
+                    raise
+                except Exception:
+                    if attempt == self.max_retries:
+                        raise
+                    log.warning(
+                        "generation failed; retrying (%d/%d)", attempt + 1, self.max_retries
+                    )
+        raise AssertionError("unreachable")
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        key, request = self._settings(stop, kwargs)
+        announced = _ANNOUNCED.get()
+        try:
+            prepared = self._prepare(messages, **request)
+        except Exception:
+            if announced is not None:
+                announced.withdraw(1)  # this request will never reach the worker
+            raise
+        if announced is not None:
+            announced.arrived()
+        message = self._call(key, prepared)
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _should_stream(self, *, async_api: bool, run_manager=None, **kwargs: Any) -> bool:
+        # Only an explicit stream()/astream() (or streaming=True) streams: a callback handler
+        # that could take tokens (LangGraph's stream_mode="messages") must not turn every
+        # call inside a graph into an unbatched generation.
+        if not (kwargs.get("stream") or self.streaming):
+            return False
+        return super()._should_stream(async_api=async_api, run_manager=run_manager, **kwargs)
+
+    def _should_use_protocol_streaming(
+        self, *, async_api: bool, run_manager=None, **kwargs: Any
+    ) -> bool:
+        if not (kwargs.get("stream") or self.streaming):
+            return False
+        return super()._should_use_protocol_streaming(
+            async_api=async_api, run_manager=run_manager, **kwargs
+        )
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        """Token by token from a generation in a thread of its own (the batch worker and
+        other callers go on); the last chunk carries the reply's metadata and tool calls."""
+        key, request = self._settings(stop, kwargs)
+        prepared = self._prepare(messages, **request)
+        stops: tuple = key[2]  # type: ignore[index]
+        tokens: queue.SimpleQueue = queue.SimpleQueue()
+        result: dict[str, Any] = {}
+        streamer = _TokenStreamer(tokens)
+
+        def generate() -> None:
+            try:
+                result["message"] = self._run_batch(key, [prepared], streamer)[0]
+            except BaseException as exc:  # handed to the consumer below
+                result["error"] = exc
+            finally:
+                tokens.put(None)
+
+        # no context-variable scope here: a generator's steps may run in different contexts
+        left = time_left(self.timeout)
+        ends_at = None if left is None else time.monotonic() + left
+        threading.Thread(target=generate, name="speceyes-stream", daemon=True).start()
+        tokenizer = self._processor.tokenizer
+        hold = max((len(s) for s in stops), default=1) - 1  # a stop string may be forming
+        ids: list[int] = []
+        stopped = False
+        sent = prepared["prefix"]
+        if sent:  # the forced start of the reply (tool_choice) comes first
+            yield ChatGenerationChunk(message=AIMessageChunk(content=sent))
+        while True:
+            try:
+                wait = None if ends_at is None else max(0.0, ends_at - time.monotonic())
+                token = tokens.get(timeout=wait)
+            except queue.Empty:
+                raise DeadlineExceeded("the deadline passed while streaming") from None
+            if token is None:
+                break
+            ids.extend(token)
+            if stopped:
+                continue  # past a stop string: drain the rest, show nothing more
+            text = prepared["prefix"] + tokenizer.decode(ids, skip_special_tokens=True)
+            if text.endswith("\ufffd"):  # an incomplete character: wait for the rest
+                continue
+            cuts = [i for i in (text.find(s, len(prepared["prefix"])) for s in stops) if i >= 0]
+            stopped = bool(cuts)
+            text = text[: min(cuts)] if cuts else text
+            ready = text if stopped else text[: max(len(sent), len(text) - hold)]
+            if len(ready) > len(sent) and ready.startswith(sent):
+                yield ChatGenerationChunk(message=AIMessageChunk(content=ready[len(sent) :]))
+                sent = ready
+        if "error" in result:
+            raise result["error"]
+        final: AIMessage = result["message"]
+        text = final.content if isinstance(final.content, str) else ""
+        if not text.startswith(sent):  # cannot happen with one token per step; never silent
+            log.warning("streamed text %r is not a prefix of the final reply %r", sent, text)
+        rest = text[len(sent) :] if text.startswith(sent) else ""
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(
+                content=rest,
+                response_metadata=final.response_metadata,
+                usage_metadata=final.usage_metadata,
+                tool_call_chunks=[
+                    {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": i}
+                    for i, c in enumerate(final.tool_calls)
+                ],
+                chunk_position="last",
+            )
+        )
+
+
+class _Announced:
+    """The requests of one ``batch()`` call that the worker should wait for."""
+
+    def __init__(self, scheduler: BatchScheduler, n: int):
+        self.scheduler, self.left = scheduler, n
+        self._lock = threading.Lock()
+        scheduler.expect(n)
+
+    def arrived(self) -> None:  # the submit itself updates the scheduler
+        with self._lock:
+            self.left = max(0, self.left - 1)
+
+    def withdraw(self, n: int) -> None:
+        with self._lock:
+            n = min(n, self.left)
+            self.left -= n
+        self.scheduler.expect(-n)
+
+    def withdraw_rest(self) -> None:
+        self.withdraw(self.left)
+
+
+_ANNOUNCED: contextvars.ContextVar[_Announced | None] = contextvars.ContextVar(
+    "speceyes_batch_call", default=None
+)
+
+
+class _TokenStreamer:
+    """The smallest ``transformers`` streamer: generated token ids into a queue (the first
+    ``put`` is the prompt, which is skipped)."""
+
+    def __init__(self, tokens: queue.SimpleQueue):
+        self.tokens = tokens
+        self.prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.tokens.put([int(t) for t in value.reshape(-1).tolist()])
+
+    def end(self) -> None:
+        pass
+
+
+def _as_list(x: Any) -> list:
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]

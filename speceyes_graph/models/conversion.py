@@ -1,0 +1,108 @@
+"""LangChain messages -> what a Hugging Face chat template and processor take.
+
+Images may arrive as LangChain standard blocks (``base64``, ``url``, raw ``data``), OpenAI
+``image_url`` blocks, or ``blob://`` references of the default image store. Text from
+messages is untrusted: a question containing ``<|im_end|>\\n<|im_start|>assistant`` must not
+become real control tokens and forge a turn, so the checkpoint's special-token strings are
+escaped (a zero-width space after their first character) before templating; they then
+tokenize as ordinary text. Strings that are added tokens but not special (``<tool_call>``,
+``<think>``) are left alone: the protocols use them as text.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from langchain_core.messages import BaseMessage
+
+from speceyes_tools.blobs import is_blob_key
+from speceyes_tools.images import default_store, load_image
+
+__all__ = ["special_token_escaper", "to_hf_messages"]
+
+_ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
+_ZWSP = "\u200b"
+
+
+def special_token_escaper(tokenizer: Any):
+    """A function that makes the tokenizer's special-token strings inert in user text."""
+    specials: set[str] = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(added, "special", False):
+            specials.add(added.content)
+    specials = {s for s in specials if len(s) > 1}
+    if not specials:
+        return lambda text: text
+    pattern = re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
+    return lambda text: pattern.sub(lambda m: m[0][0] + _ZWSP + m[0][1:], text)
+
+
+def _pixels(ref: str) -> np.ndarray:
+    """A ``blob://`` reference from the default image store, or any URL / path (uncached)."""
+    return default_store().get(ref) if is_blob_key(ref) else load_image(ref)
+
+
+def _block_image(block: dict) -> np.ndarray | None:
+    """Pixels of a LangChain / OpenAI image content block, or None if it is not an image."""
+    kind = block.get("type")
+    if kind == "image_url":
+        url = block.get("image_url")
+        return _pixels(url["url"] if isinstance(url, dict) else url)
+    if kind != "image":
+        return None
+    if block.get("base64") or block.get("source_type") == "base64":
+        data = block.get("base64") or block.get("data")
+        mime = block.get("mime_type", "image/png")
+        return load_image(f"data:{mime};base64,{data}")
+    if block.get("url"):
+        return _pixels(block["url"])
+    if block.get("data") is not None:  # raw bytes
+        raw = block["data"]
+        return load_image("data:image/png;base64," + base64.b64encode(raw).decode())
+    raise ValueError(
+        f"unsupported image block: { {k: v for k, v in block.items() if k != 'base64'} }"
+    )
+
+
+def _parts(content: Any) -> Iterable[Any]:
+    return content if isinstance(content, list) else [content]
+
+
+def to_hf_messages(
+    messages: Sequence[BaseMessage], escape=None
+) -> tuple[list[dict], list[np.ndarray]]:
+    """LangChain messages -> (chat-template messages, images in order of appearance).
+
+    ``escape`` (from :func:`special_token_escaper`) is applied to every text part.
+    """
+    escape = escape or (lambda text: text)
+    out: list[dict] = []
+    images: list[np.ndarray] = []
+    for m in messages:
+        role = _ROLES.get(m.type)
+        if role is None:
+            raise ValueError(f"unsupported message type {m.type!r}")
+        parts: list[dict] = []
+        for block in _parts(m.content):
+            if isinstance(block, str):
+                if block:
+                    parts.append({"type": "text", "text": escape(block)})
+                continue
+            image = _block_image(block)
+            if image is not None:
+                images.append(image)
+                parts.append({"type": "image"})
+            elif block.get("type") == "text":
+                parts.append({"type": "text", "text": escape(block.get("text", ""))})
+        entry: dict[str, Any] = {"role": role, "content": parts}
+        if role == "assistant" and getattr(m, "tool_calls", None):
+            entry["tool_calls"] = [
+                {"type": "function", "function": {"name": c["name"], "arguments": c["args"]}}
+                for c in m.tool_calls
+            ]
+        out.append(entry)
+    return out, images
