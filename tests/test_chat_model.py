@@ -267,3 +267,18 @@ def test_a_per_call_timeout(processor, scene):
 
     with pytest.raises(DeadlineExceeded):
         list(slow.stream(ask(scene)))
+
+
+def test_max_retries_retries_a_failed_generation(processor, scene):
+    failures = {"left": 1}
+
+    def flaky(prompt):
+        if failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return "ok"
+
+    assert scripted_chat_model(processor, flaky, max_retries=1).invoke(ask(scene)).content == "ok"
+    failures["left"] = 1
+    with pytest.raises(RuntimeError, match="out of memory"):
+        scripted_chat_model(processor, flaky).invoke(ask(scene))

@@ -449,18 +449,17 @@ class ChatTransformersVLM(BaseChatModel):
     def _call(self, key: Hashable, prepared: dict) -> AIMessage:
         """One request through the batch worker, within the deadline, with retries."""
         with deadline_scope(None if self.timeout is None else time.time() + self.timeout):
-            for attempt in range(self.max_retries + 1):
+            retries = self.max_retries
+            while True:
                 try:
                     return self.scheduler.call(key, prepared)
                 except DeadlineExceeded:
                     raise
                 except Exception:
-                    if attempt == self.max_retries:
+                    if retries == 0:
                         raise
-                    log.warning(
-                        "generation failed; retrying (%d/%d)", attempt + 1, self.max_retries
-                    )
-        raise AssertionError("unreachable")
+                    retries -= 1
+                    log.warning("generation failed; retrying (%d left)", retries)
 
     def _generate(
         self,
