@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -55,47 +56,6 @@ def cmd_make_tiny_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_chat_model(
-    spec: str, role: str, *, top_logprobs: int | None, max_new_tokens: int, batch_size: int
-):
-    """A model from a command-line spec.
-
-    ``tiny:DIR`` (a ``make-tiny-models`` folder; picks ``DIR/small`` or ``DIR/large``), a
-    local checkpoint path or hub id (loaded with transformers), or
-    ``openai:BASE_URL#MODEL_NAME`` (an OpenAI-compatible server such as vLLM or SGLang).
-    """
-    if spec.startswith("openai:"):
-        try:
-            from langchain_openai import ChatOpenAI
-        except ImportError as exc:
-            raise SystemExit(
-                "openai: models need langchain-openai: pip install 'speceyes-graph[openai]'"
-            ) from exc
-        url, _, name = spec[len("openai:") :].partition("#")
-        if not name:
-            raise SystemExit(f"give the served model name: openai:{url}#MODEL_NAME")
-        kwargs = {"logprobs": True, "top_logprobs": top_logprobs} if top_logprobs else {}
-        return ChatOpenAI(
-            base_url=url,
-            model=name,
-            api_key="EMPTY",
-            temperature=0,
-            max_tokens=max_new_tokens,
-            **kwargs,
-        )
-    from .models import ChatTransformersVLM
-
-    path = spec
-    if spec.startswith("tiny:"):
-        path = str(Path(spec[len("tiny:") :]) / role)
-    return ChatTransformersVLM(
-        model=path,
-        top_logprobs=top_logprobs,
-        max_new_tokens=max_new_tokens,
-        max_batch_size=batch_size,
-    )
-
-
 def cmd_synth(args: argparse.Namespace) -> int:
     from .benchmarks.synthetic import generate_suite
 
@@ -106,49 +66,102 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_bench_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every argument checked before anything loads, with a message that says what to do."""
+    from .models.specs import SpecError, parse_model_spec
+
+    needs = {"speceyes": ("small", "large"), "agent": ("large",), "small": ("small",)}[args.mode]
+    for role in needs:
+        if not getattr(args, role):
+            parser.error(
+                f"--mode {args.mode} needs --{role} (demo, tiny:DIR, a checkpoint, a hub id or openai:URL#NAME)"
+            )
+    if not Path(args.data).exists():
+        parser.error(f"--data {args.data}: no such file or folder")
+    if not 0.0 <= args.threshold <= 1.0:
+        parser.error(f"--threshold must be in [0, 1], got {args.threshold}")
+    for name, low in (
+        ("top_k", 2),
+        ("batch_size", 1),
+        ("max_agent_steps", 1),
+        ("max_new_tokens", 1),
+    ):
+        if getattr(args, name) < low:
+            parser.error(f"--{name.replace('_', '-')} must be at least {low}")
+    if args.limit is not None and args.limit < 1:
+        parser.error("--limit must be at least 1")
+    demo = [role for role in needs if getattr(args, role) == "demo"]
+    if demo and len(demo) != len(needs):
+        parser.error(
+            "use demo for both models or for neither: they were trained together, on their own prompts"
+        )
+    args.specs = {}
+    for role in needs:
+        try:
+            args.specs[role] = parse_model_spec(getattr(args, role), role)
+        except SpecError as exc:
+            parser.error(f"--{role}: {exc}")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .benchmarks import load_benchmark, run_benchmark
+    from .benchmarks.datasets import count_benchmark
+    from .benchmarks.runner import RunLocked
     from .graph import create_speceyes_graph
+    from .models.specs import load_chat_model
     from .separability import GateConfig
 
+    specs = args.specs
     small = large = None
-    if args.mode in ("speceyes", "small"):
+    if "small" in specs:
         small = load_chat_model(
-            args.small,
-            "small",
-            top_logprobs=args.top_k,
-            max_new_tokens=20,
-            batch_size=args.batch_size,
+            specs["small"], top_logprobs=args.top_k, max_new_tokens=20, batch_size=args.batch_size
         )
-    if args.mode in ("speceyes", "agent"):
+    if "large" in specs:
         large = load_chat_model(
-            args.large,
-            "large",
+            specs["large"],
             top_logprobs=None,
             max_new_tokens=args.max_new_tokens,
             batch_size=args.batch_size,
         )
-    gate = GateConfig(tau=args.threshold, k=args.top_k, aggregation=args.aggregation)
+    settings: dict = {"max_agent_steps": args.max_agent_steps, "tools": args.tools}
+    if all(spec.kind == "demo" for spec in specs.values()):
+        from .demo import DEMO_GRAPH_SETTINGS
+
+        settings.update(DEMO_GRAPH_SETTINGS)  # the prompts the demo checkpoints learned
+    for role, key in (("large", "resize"), ("small", "speculator_resize")):
+        if role in specs and specs[role].resize is not None:
+            settings[key] = specs[role].resize  # served: the family's image limits
+    settings["gate"] = GateConfig(tau=args.threshold, k=args.top_k, aggregation=args.aggregation)
     graph = create_speceyes_graph(
-        speculator=small,
-        agent=large,
-        mode=args.mode,
-        gate=gate,
-        tools=args.tools,
-        max_agent_steps=args.max_agent_steps,
+        speculator=small, agent=large, mode=args.mode, **settings
     ).compile()
     queries = load_benchmark(args.benchmark, args.data)
-    settings = {k: v for k, v in vars(args).items() if k != "func"}
-    summary = run_benchmark(
-        graph,
-        queries,
-        args.out,
-        mode=args.mode,
-        concurrency=2 * args.batch_size,
-        limit=args.limit,
-        retry_errors=args.retry_errors,
-        settings=settings,
-    )
+    recorded = {k: v for k, v in vars(args).items() if k not in ("func", "check", "specs")}
+    try:
+        summary = run_benchmark(
+            graph,
+            queries,
+            args.out,
+            mode=args.mode,
+            concurrency=2 * args.batch_size,
+            limit=args.limit,
+            retry_errors=args.retry_errors,
+            settings=recorded,
+            total=count_benchmark(args.benchmark, args.data),
+        )
+    except RunLocked as exc:
+        print(f"speceyes bench: {exc}", file=sys.stderr)
+        return 2
+    if summary["interrupted"]:
+        print(
+            f"interrupted after {summary['written']} queries ({summary['total']} recorded in "
+            f"{args.out}); rerun the same command to resume",
+            file=sys.stderr,
+        )
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(130)  # do not wait for the queries still running: their results are not kept
     print(
         f"{summary['total']} queries recorded in {args.out} ({summary['written']} this run); "
         f"accuracy {summary['accuracy']:.3f}; routes {summary['routes']}"
@@ -273,7 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark", required=True, choices=["vstar", "hrbench", "pope", "synthetic"])
     p.add_argument("--data", required=True, help="dataset folder or file")
     p.add_argument(
-        "--small", help="small model: tiny:DIR, a checkpoint path / hub id, or openai:URL#NAME"
+        "--small",
+        help="small model: demo (the shipped checkpoints), tiny:DIR, a checkpoint folder, a hub "
+        "id, or openai:URL#NAME[?max_pixels=N]",
     )
     p.add_argument("--large", help="large model (judge and agent), same forms")
     p.add_argument("--mode", choices=["speceyes", "agent", "small"], default="speceyes")
@@ -291,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--retry-errors", action="store_true", help="re-run queries whose record has an error"
     )
     p.add_argument("--out", required=True)
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=cmd_bench, check=check_bench_args)
 
     p = sub.add_parser("report", help="summarise a run, sweep tau offline against a baseline, plot")
     p.add_argument("dir")
@@ -302,8 +317,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if hasattr(args, "check"):
+        args.check(parser, args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -36,7 +36,15 @@ import numpy as np
 
 from ..prompts import option_letters
 
-__all__ = ["BENCHMARKS", "BenchQuery", "load_benchmark", "load_hrbench", "load_pope", "load_vstar"]
+__all__ = [
+    "BENCHMARKS",
+    "BenchQuery",
+    "count_benchmark",
+    "load_benchmark",
+    "load_hrbench",
+    "load_pope",
+    "load_vstar",
+]
 
 
 @dataclass
@@ -187,3 +195,27 @@ def load_benchmark(name: str, path: str | Path, **kwargs: Any) -> Iterator[Bench
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; use one of {', '.join(BENCHMARKS)}")
     return BENCHMARKS[name](path, **kwargs)
+
+
+def count_benchmark(name: str, path: str | Path) -> int | None:
+    """How many queries a benchmark holds, without loading it (for progress and ETA):
+    files for V*, row counts from parquet metadata, lines of a TSV (one row per line)."""
+    root = Path(path)
+    if name in ("vstar", "synthetic"):
+        return sum(1 for p in root.glob("*/*.json")) if root.is_dir() else None
+    files = sorted(root.rglob("*.parquet")) if root.is_dir() else [root]
+    if name == "hrbench" and root.is_dir():
+        files = sorted(root.glob("hr_bench_*.tsv")) + sorted(root.glob("hr_bench_*.parquet"))
+    total = 0
+    for f in files:
+        if f.suffix == ".parquet":
+            try:
+                import pyarrow.parquet as pq
+            except ImportError:
+                return None
+            total += pq.ParquetFile(f).metadata.num_rows
+        elif f.suffix == ".tsv":
+            with f.open("rb") as fh:
+                lines = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 24), b""))
+            total += max(0, lines - 1)  # the header
+    return total

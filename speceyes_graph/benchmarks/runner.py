@@ -3,19 +3,26 @@
 Queries run concurrently (a sliding window of ``concurrency`` in flight, so a batching
 backend sees many requests at once) through the compiled graph. Each finished query is
 appended to ``records.jsonl`` and flushed at once. On restart the runner reads what is
-there, drops a half-written last line (a kill mid-write), and skips every query already
-recorded: kill it at any moment, rerun the same command, and the file ends with every
-query exactly once. ``run.json`` keeps one entry per session (wall time, counts).
+there, drops a half-written last line (a kill mid-write), sets aside lines that are not
+valid records (into ``records.corrupt.jsonl``, reported) without losing the good records
+after them, and skips every query already recorded: kill it at any moment (Ctrl-C stops
+cleanly), rerun the same command, and the file ends with every query exactly once.
+
+An exclusive lock on the folder keeps a second process from writing the same run, and
+``run.json`` (one entry per session: wall time, counts, settings) is replaced atomically.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +32,11 @@ from speceyes_tools.images import put_bytes, release
 from .datasets import BenchQuery
 from .scoring import is_correct
 
-__all__ = ["RECORDS", "read_records", "run_benchmark"]
+__all__ = ["RECORDS", "RecordScan", "RunLocked", "read_records", "run_benchmark", "scan_records"]
 
 RECORDS = "records.jsonl"
+CORRUPT = "records.corrupt.jsonl"
+log = logging.getLogger(__name__)
 _SHORT = {
     "speculative": "spec",
     "judged-agentic": "judged",
@@ -37,25 +46,109 @@ _SHORT = {
 }
 
 
-def read_records(out_dir: str | Path, *, repair: bool = False) -> list[dict]:
-    """All complete records; with ``repair``, cut a half-written last line off the file."""
+@dataclass
+class RecordScan:
+    """What ``records.jsonl`` holds: valid records (first occurrence of each id) and the
+    1-based numbers of lines set aside (not JSON, not a record, or a repeated id)."""
+
+    records: list[dict]
+    corrupt: list[int] = field(default_factory=list)
+    duplicates: list[int] = field(default_factory=list)
+    torn_tail: bool = False
+
+
+def scan_records(out_dir: str | Path) -> RecordScan:
     path = Path(out_dir) / RECORDS
     if not path.exists():
-        return []
+        return RecordScan([])
     data = path.read_bytes()
-    records, good_end = [], 0
-    for line in data.splitlines(keepends=True):
+    scan = RecordScan([])
+    seen: set[str] = set()
+    for number, line in enumerate(data.splitlines(keepends=True), start=1):
         if not line.endswith(b"\n"):
-            break  # the process died while writing this line
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            scan.torn_tail = True  # the process died while writing this line
             break
-        good_end += len(line)
-    if repair and good_end != len(data):
-        with path.open("r+b") as fh:
-            fh.truncate(good_end)
-    return records
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("id"), str):
+            scan.corrupt.append(number)
+        elif record["id"] in seen:
+            scan.duplicates.append(number)
+        else:
+            seen.add(record["id"])
+            scan.records.append(record)
+    return scan
+
+
+def read_records(out_dir: str | Path, *, repair: bool = False) -> list[dict]:
+    """All valid records, each id once. With ``repair``: a half-written last line is cut off
+    and bad lines are moved to ``records.corrupt.jsonl`` (the file is replaced atomically)."""
+    out = Path(out_dir)
+    scan = scan_records(out)
+    bad = set(scan.corrupt) | set(scan.duplicates)
+    if bad or scan.torn_tail:
+        log.warning(
+            "%s: set aside %d corrupt and %d repeated lines%s",
+            out / RECORDS,
+            len(scan.corrupt),
+            len(scan.duplicates),
+            ", cut a half-written last line" if scan.torn_tail else "",
+        )
+    if repair and (bad or scan.torn_tail):
+        lines = (out / RECORDS).read_bytes().splitlines(keepends=True)
+        if bad:
+            with (out / CORRUPT).open("ab") as fh:
+                fh.writelines(lines[n - 1] for n in sorted(bad))
+        _replace(out / RECORDS, b"".join(json.dumps(r).encode() + b"\n" for r in scan.records))
+    return scan.records
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (a crash leaves the old or the new file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class RunLocked(RuntimeError):
+    """Another process is writing to this run folder."""
+
+
+@contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    import fcntl
+
+    with (out / ".lock").open("a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise RunLocked(
+                f"another process is writing to {out} (it holds {out / '.lock'}); wait for it, "
+                "or use another --out"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _load_run(path: Path) -> dict:
+    if not path.exists():
+        return {"sessions": []}
+    try:
+        run = json.loads(path.read_text())
+        if isinstance(run, dict) and isinstance(run.get("sessions"), list):
+            return run
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        pass
+    log.warning("%s is unreadable; kept as %s.corrupt and started afresh", path, path.name)
+    os.replace(path, path.with_name(path.name + ".corrupt"))
+    return {"sessions": []}
 
 
 def _record(
@@ -120,19 +213,36 @@ def run_benchmark(
     settings: dict[str, Any] | None = None,
     progress: bool = True,
     total: int | None = None,
+    run_one: Callable[[BenchQuery], dict] | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) a benchmark; returns this session's summary."""
+    """Run (or resume) a benchmark; returns this session's summary.
+
+    ``total`` (the number of queries, if known) gives the progress bar its length and ETA.
+    On Ctrl-C the queries not yet started are dropped, every finished one is already on
+    disk, and the summary says ``interrupted``. ``run_one`` replaces how one query is run
+    (a different schedule); by default it is ``graph.invoke``.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out):
+        return _run_locked(
+            graph, queries, out, mode, concurrency, limit, retry_errors, settings, progress,
+            total, run_one,
+        )  # fmt: skip
+
+
+def _run_locked(
+    graph, queries, out, mode, concurrency, limit, retry_errors, settings, progress, total, run_one
+) -> dict[str, Any]:
     existing = read_records(out, repair=True)
     if retry_errors and any(r.get("error") for r in existing):
         existing = [r for r in existing if not r.get("error")]
-        tmp = out / (RECORDS + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in existing))
-        os.replace(tmp, out / RECORDS)
+        _replace(out / RECORDS, b"".join(json.dumps(r).encode() + b"\n" for r in existing))
     done = {r["id"] for r in existing}
     todo = _pending(queries, done, limit)
-
+    run_one = run_one or (lambda q: _run_one(graph, q, mode))
+    if total is not None and limit is not None:
+        total = min(total, limit)
     session = {
         "started": time.time(),
         "resumed_with": len(done),
@@ -146,50 +256,64 @@ def run_benchmark(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=(total - len(done)) if total else None, desc=f"bench {mode}", unit="q")
+        left = max(0, total - len(done)) if total is not None else None
+        bar = tqdm(total=left, desc=f"bench {mode}", unit="q", dynamic_ncols=True)
     t0 = time.perf_counter()
     written = 0
-    with (out / RECORDS).open("a", encoding="utf-8") as fh, ThreadPoolExecutor(concurrency) as pool:
-        in_flight: set[Future] = set()
+    interrupted = False
+    pool = ThreadPoolExecutor(concurrency)
+    try:
+        with (out / RECORDS).open("a", encoding="utf-8") as fh:
+            in_flight: set[Future] = set()
 
-        def fill() -> None:
-            while len(in_flight) < concurrency:
-                q = next(todo, None)
-                if q is None:
-                    return
-                in_flight.add(pool.submit(_run_one, graph, q, mode))
+            def fill() -> None:
+                while len(in_flight) < concurrency:
+                    q = next(todo, None)
+                    if q is None:
+                        return
+                    in_flight.add(pool.submit(run_one, q))
 
-        fill()
-        while in_flight:
-            finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                in_flight.discard(fut)
-                record = fut.result()
-                fh.write(json.dumps(record) + "\n")  # only this thread writes: no lock needed
-                fh.flush()
-                written += 1
-                n_total += 1
-                n_correct += record["correct"]
-                routes[record.get("route") or "error"] += 1
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(
-                        acc=f"{n_correct / n_total:.3f}",
-                        **{_SHORT.get(k, k): v for k, v in routes.items()},
-                    )
             fill()
-    if bar is not None:
-        bar.close()
-    session.update(finished=time.time(), wall_s=time.perf_counter() - t0, written=written)
-    run_path = out / "run.json"
-    run = json.loads(run_path.read_text()) if run_path.exists() else {"sessions": []}
-    run["sessions"].append(session)
-    run_path.write_text(json.dumps(run, indent=2))
+            while in_flight:
+                finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    in_flight.discard(fut)
+                    record = fut.result()
+                    fh.write(json.dumps(record) + "\n")  # only this thread writes: no lock needed
+                    fh.flush()
+                    written += 1
+                    n_total += 1
+                    n_correct += record["correct"]
+                    routes[record.get("route") or "error"] += 1
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(
+                            acc=f"{n_correct / n_total:.3f}",
+                            **{_SHORT.get(k, k): v for k, v in routes.items()},
+                        )
+                fill()
+    except KeyboardInterrupt:
+        interrupted = True  # what finished is on disk; what runs is abandoned, not waited for
+    finally:
+        pool.shutdown(wait=not interrupted, cancel_futures=True)
+        if bar is not None:
+            bar.close()
+        session.update(
+            finished=time.time(),
+            wall_s=time.perf_counter() - t0,
+            written=written,
+            interrupted=interrupted,
+        )
+        run = _load_run(out / "run.json")
+        run["sessions"].append(session)
+        _replace(out / "run.json", json.dumps(run, indent=2).encode())
     return {
         "written": written,
         "total": n_total,
         "accuracy": n_correct / n_total if n_total else 0.0,
         "routes": dict(routes),
+        "interrupted": interrupted,
+        "wall_s": session["wall_s"],
     }
 
 

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from speceyes_tools.images import ResizeSpec
+
+from .families import family_resize
+
 __all__ = ["openai_chat_model", "openai_models"]
 
 
@@ -63,13 +67,20 @@ def openai_models(
     timeout: float = 120.0,
     max_retries: int = 3,
     agent_max_tokens: int | None = 1024,
+    resize: ResizeSpec | None = None,
+    speculator_resize: ResizeSpec | None = None,
 ) -> dict[str, Any]:
-    """``{"speculator": ..., "agent": ...}`` for ``create_speceyes_graph(**openai_models(...))``.
+    """``{"speculator", "agent", "resize", "speculator_resize"}`` for
+    ``create_speceyes_graph(**openai_models(...))``.
 
     The agent also judges (phase I), as in the paper; the graph asks the judge for 10
-    tokens and the speculator for 20 per call.
+    tokens and the speculator for 20 per call. Images are sent within each model family's
+    own limits (:mod:`.families`: Qwen2.5-VL / DeepEyes up to 12,845,056 pixels), not
+    shrunk to a megapixel; pass ``resize`` / ``speculator_resize`` to override.
     """
     return {
+        "resize": resize or family_resize(large_model),
+        "speculator_resize": speculator_resize or family_resize(small_model),
         "speculator": openai_chat_model(
             small_url,
             small_model,

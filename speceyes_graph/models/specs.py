@@ -1,0 +1,135 @@
+"""Model specs on the command line: one string names where a model comes from.
+
+- ``demo``: the checkpoints shipped in the package (use it for both models: they were trained
+  together on their own prompts, which the graph then uses);
+- ``tiny:DIR``: a ``speceyes make-tiny-models`` folder (``DIR/small`` or ``DIR/large``);
+- ``openai:BASE_URL#MODEL_NAME``: an OpenAI-compatible server (vLLM, SGLang); the image size
+  limits follow the model's family (see :mod:`.families`), or ``?min_pixels=..&max_pixels=..``
+  after the name;
+- a local checkpoint folder, or a hub id (checked before loading: an id that is neither cached
+  nor reachable fails at once instead of after minutes of retries).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from speceyes_tools.images import ResizeSpec
+
+from .families import family_resize
+
+__all__ = ["ModelSpec", "SpecError", "load_chat_model", "parse_model_spec"]
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+class SpecError(ValueError):
+    """A model spec that cannot be used; the message says what to write instead."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    kind: str  # demo | tiny | openai | path | hub
+    target: str  # folder, hub id, or base URL
+    name: str | None = None  # served model name (openai)
+    resize: ResizeSpec | None = None  # image limits for served models
+
+
+def parse_model_spec(spec: str, role: str, *, check_hub: bool = True) -> ModelSpec:
+    """Parse and check a spec up front, with a message a user can act on."""
+    if not spec:
+        raise SpecError(f"no {role} model given")
+    if spec == "demo":
+        return ModelSpec("demo", role)
+    if spec.startswith("tiny:"):
+        folder = Path(spec[len("tiny:") :]) / role
+        if not (folder / "config.json").exists():
+            raise SpecError(
+                f"{folder} is not a tiny checkpoint; build them with `speceyes make-tiny-models DIR`"
+            )
+        return ModelSpec("tiny", str(folder))
+    if spec.startswith("openai:"):
+        url, _, rest = spec[len("openai:") :].partition("#")
+        name, _, query = rest.partition("?")
+        if not url.startswith(("http://", "https://")) or not name:
+            raise SpecError(
+                f"write openai:BASE_URL#MODEL_NAME (e.g. openai:http://host:8001/v1#Qwen/Qwen3-VL-2B-Instruct), got {spec!r}"
+            )
+        resize = family_resize(name)
+        if query:
+            limits = dict(urllib.parse.parse_qsl(query))
+            unknown = set(limits) - {"min_pixels", "max_pixels"}
+            if unknown:
+                raise SpecError(
+                    f"unknown settings {sorted(unknown)} in {spec!r}; use min_pixels, max_pixels"
+                )
+            try:
+                resize = ResizeSpec(
+                    factor=resize.factor,
+                    min_pixels=int(limits.get("min_pixels", resize.min_pixels)),
+                    max_pixels=int(limits.get("max_pixels", resize.max_pixels)),
+                )
+            except ValueError:
+                raise SpecError(f"min_pixels and max_pixels must be integers in {spec!r}") from None
+        return ModelSpec("openai", url, name, resize)
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise SpecError(f"{path} has no config.json: not a checkpoint folder")
+        return ModelSpec("path", str(path))
+    if not _HUB_ID.match(spec):
+        raise SpecError(
+            f"{spec!r} is neither a folder, a hub id (owner/name), demo, tiny:DIR nor openai:URL#NAME"
+        )
+    if check_hub:
+        _check_hub(spec)
+    return ModelSpec("hub", spec)
+
+
+def _check_hub(repo_id: str) -> None:
+    """Fail fast when a hub id is not cached and cannot be downloaded."""
+    try:
+        from huggingface_hub import model_info, try_to_load_from_cache
+    except ImportError:  # pragma: no cover - transformers depends on it
+        return
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return  # cached: works offline
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise SpecError(f"{repo_id} is not in the local cache and HF_HUB_OFFLINE is set")
+    try:
+        model_info(repo_id, timeout=10)
+    except Exception as exc:
+        raise SpecError(
+            f"{repo_id} is not in the local cache and cannot be fetched ({type(exc).__name__}); "
+            "download it on a machine with access and pass the folder"
+        ) from None
+
+
+def load_chat_model(
+    spec: ModelSpec, *, top_logprobs: int | None, max_new_tokens: int, batch_size: int
+) -> Any:
+    """The chat model a checked spec names."""
+    if spec.kind == "openai":
+        from .openai_compat import openai_chat_model
+
+        return openai_chat_model(
+            spec.target, spec.name, top_logprobs=top_logprobs, max_tokens=max_new_tokens
+        )
+    from .chat_transformers import ChatTransformersVLM
+
+    path = spec.target
+    if spec.kind == "demo":
+        from ..demo import demo_checkpoints
+
+        path = str(demo_checkpoints()[spec.target])
+    return ChatTransformersVLM(
+        model=path,
+        top_logprobs=top_logprobs,
+        max_new_tokens=max_new_tokens,
+        max_batch_size=batch_size,
+    )
