@@ -5,7 +5,7 @@ needs visual tools; tool-free queries get a batched draft from a small model, ke
 its answer separability clears a threshold; the rest run the large model's tool loop.
 """
 
-from .agent import create_agent_loop
+from .agent import LoopOptions, create_agent_loop
 from .compose import create_speceyes_chat_graph, speceyes_tool
 from .graph import SpecEyesError, create_speceyes_graph, parse_judge
 from .prompts import Prompts
@@ -37,6 +37,7 @@ __all__ = [
     "Draft",
     "GateConfig",
     "Limits",
+    "LoopOptions",
     "Mode",
     "Prompts",
     "Route",

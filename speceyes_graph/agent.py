@@ -18,6 +18,7 @@ from __future__ import annotations
 import operator
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from langchain_core.language_models import BaseChatModel
@@ -40,13 +41,31 @@ from speceyes_tools.deadlines import (
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store
 
 from .messages import Protocol, dehydrate, hydrate, to_wire, user_message
-from .prompts import NATIVE_AGENT_SYSTEM_PROMPT, Prompts, format_question, tools_system_prompt
+from .prompts import NATIVE_AGENT_SYSTEM_PROMPT, Prompts, tools_system_prompt
 from .protocol import extract_answer, message_text, parse_deepeyes
 from .state import AgentStep, Draft, merge_timings
 
-__all__ = ["AgentLoopState", "create_agent_loop", "DEFAULT_MAX_STEPS", "recursion_limit"]
+__all__ = [
+    "AgentLoopState",
+    "DEFAULT_MAX_STEPS",
+    "LoopOptions",
+    "create_agent_loop",
+    "recursion_limit",
+]
 
 DEFAULT_MAX_STEPS = 6
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """How the loop speaks the DeepEyes text protocol. The defaults are the published format
+    (the SpecEyes evaluation, as DeepEyes was trained); each option is an improvement that
+    changes what the model sees, so it is off unless asked for."""
+
+    stop: tuple[str, ...] = ("</tool_call>", "</answer>")  # stop strings of an agent step
+    tool_response_text: bool = False  # also send the tool's text (box, size) in <tool_response>
+    explain_problems: bool = False  # say what was wrong with a turn (published: repeat the nudge)
+    on_step_limit: Literal["answer", "error"] = "answer"  # error: the published behaviour
 
 
 def recursion_limit(max_steps: int) -> int:
@@ -94,14 +113,17 @@ def create_agent_loop(
     prompts: Prompts | None = None,
     resize: ResizeSpec | None = None,
     store: ImageStore | None = None,
+    options: LoopOptions | None = None,
 ) -> StateGraph:
     """The uncompiled ``agent_loop`` subgraph.
 
     ``max_steps`` bounds model turns (tool rounds included); an input ``max_steps`` overrides
     it per run. When it is reached the query ends with the best answer available: the loop's
-    last ``<answer>``, else the rejected draft if there was one; ``stop_reason`` says which.
+    last ``<answer>``, else the rejected draft if there was one; ``stop_reason`` says which
+    (``options.on_step_limit="error"``: the query fails, as in the published evaluation).
     Compile and invoke with ``recursion_limit=recursion_limit(max_steps)`` or more.
     """
+    options = options or LoopOptions()
     if max_steps < 1:
         raise ValueError(f"max_steps must be at least 1, got {max_steps}")
     prompts = prompts or Prompts()
@@ -117,6 +139,7 @@ def create_agent_loop(
         system = prompts.agent_system or NATIVE_AGENT_SYSTEM_PROMPT
         bound = model.bind_tools(tools) if tools else model
     bound = bound.with_config(tags=[TAG_NOSTREAM], run_name="agent_model")
+    stop = {"stop": list(options.stop)} if protocol == "deepeyes" and options.stop else {}
 
     def steps_allowed(state: AgentLoopState) -> int:
         return state.get("max_steps") or max_steps
@@ -130,11 +153,16 @@ def create_agent_loop(
             with deadline_scope(state.get("deadline")):
                 check_deadline("agent loop")
                 if not history:
-                    text = format_question(state.get("question"), state.get("options"))
+                    text = prompts.question(state.get("question"), state.get("options"))
                     if protocol == "deepeyes":
                         text += prompts.agent_suffix
                     new.append(user_message(state.get("images"), text, resize, store))
-                wire = to_wire(history + new, protocol, prompts.tool_response_instruction)
+                wire = to_wire(
+                    history + new,
+                    protocol,
+                    prompts.tool_response_instruction,
+                    options.tool_response_text,
+                )
                 t0 = time.perf_counter()
                 reply = call_with_deadline(
                     bound.invoke,
@@ -142,6 +170,7 @@ def create_agent_loop(
                     timeout=state.get("model_timeout_s"),
                     what="agent model call",
                     inline=getattr(model, "handles_deadlines", False),
+                    **stop,
                 )
                 latency = time.perf_counter() - t0
         except Exception as exc:  # the model failed: this query fails, the batch goes on
@@ -180,10 +209,11 @@ def create_agent_loop(
         }
         correction = None
         if not calls and answer is None:
-            # nothing to do: the `correct` node tells the model what went wrong
-            correction = (
-                "\n".join(problems) + "\n" if problems else ""
-            ) + prompts.agent_suffix.lstrip("\n")
+            # nothing to do: the `correct` node sends the published nudge (the instruction
+            # again) or, with explain_problems, what went wrong first
+            correction = prompts.agent_suffix
+            if options.explain_problems and problems:
+                correction = "\n".join(problems) + "\n" + prompts.agent_suffix.lstrip("\n")
             if not problems:
                 step["problem"] = "no tool call and no <answer>"
         _emit({"agent_step": step})  # stream_mode="custom": watch the loop turn by turn
@@ -235,16 +265,21 @@ def create_agent_loop(
         steps = [dict(s) for s in state.get("steps") or []]
         _attach_tool_results(steps, state.get("messages") or [])
         answer = state.get("answer")
+        error = None
         if state.get("error"):
             reason = state.get("stop_reason") or "error"
         elif answer is not None:
             reason = "answered"
+        elif options.on_step_limit == "error":
+            reason = "step_limit"
+            error = f"agent: no answer after {len(steps)} steps (step limit)"
         else:
             draft = state.get("draft") or {}
             answer = draft.get("text") or None
             reason = "step_limit, answered with the draft" if answer else "step_limit, no answer"
         elapsed = time.time() - (state.get("started_at") or time.time())
         return {
+            **({"error": error} if error else {}),
             "answer": answer,
             "stop_reason": reason,
             "agent_messages": list(state.get("messages") or []),

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from .agent import LoopOptions
 from .benchmarks.datasets import BenchQuery
 from .benchmarks.report import write_report
 from .benchmarks.runner import read_records, run_benchmark
@@ -102,6 +103,8 @@ DEMO_GRAPH_SETTINGS: dict[str, Any] = {
     "prompts": DEMO_PROMPTS,  # the prompts the demo checkpoints were trained on
     "gate": GateConfig(),  # the published gate
     "max_agent_steps": 4,
+    # trained with the tool's text line in each <tool_response>, and corrective messages
+    "loop": LoopOptions(tool_response_text=True, explain_problems=True),
 }
 
 

@@ -40,9 +40,9 @@ from speceyes_tools.deadlines import (
 )
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store
 
-from .agent import DEFAULT_MAX_STEPS, create_agent_loop, recursion_limit
+from .agent import DEFAULT_MAX_STEPS, LoopOptions, create_agent_loop, recursion_limit
 from .messages import Protocol, hydrate, user_message
-from .prompts import Prompts, format_question
+from .prompts import Prompts
 from .protocol import message_text
 from .query import read_query
 from .separability import GateConfig
@@ -104,6 +104,7 @@ def create_speceyes_graph(
     store: ImageStore | None = None,
     limits: Limits | None = None,
     on_error: OnError = "record",
+    loop: LoopOptions | None = None,
 ) -> StateGraph:
     """Build the (uncompiled) SpecEyes graph; call ``.compile()`` with your checkpointer.
 
@@ -137,6 +138,8 @@ def create_speceyes_graph(
         limits: deadlines, question and image counts, ceilings for per-run overrides.
         on_error: ``record`` (a failed query returns with ``error`` set: right for batches)
             or ``raise`` (the run fails with :class:`SpecEyesError`: right for servers).
+        loop: the agent loop's protocol options (:class:`LoopOptions`; defaults: the
+            published DeepEyes format, stop strings on each step).
     """
     gate = gate or GateConfig()
     prompts = prompts or Prompts()
@@ -249,7 +252,7 @@ def create_speceyes_graph(
         t0 = time.perf_counter()
         query = state["query"]
         try:
-            text = format_question(query["question"], query["options"]) + prompts.judge_suffix
+            text = prompts.question(query["question"], query["options"]) + prompts.judge_suffix
             messages = [
                 SystemMessage(content=prompts.judge_system),
                 user_message(query["images"], text, judge_resize, store),
@@ -274,7 +277,7 @@ def create_speceyes_graph(
         t0 = time.perf_counter()
         query, settings = state["query"], state["settings"]
         try:
-            text = format_question(query["question"], query["options"]) + prompts.speculator_suffix
+            text = prompts.question(query["question"], query["options"]) + prompts.speculator_suffix
             messages = [
                 SystemMessage(content=prompts.speculator_system),
                 user_message(query["images"], text, speculator_resize, store),
@@ -328,6 +331,7 @@ def create_speceyes_graph(
             prompts=prompts,
             resize=resize,
             store=store,
+            options=loop,
         ).compile(name="agent_loop")
 
         def agent_loop(state: SpecEyesState) -> dict[str, Any]:

@@ -150,10 +150,30 @@ def dehydrate(message: BaseMessage, store: ImageStore | None = None) -> BaseMess
 # --- the wire format of each protocol ----------------------------------------------------------
 
 
+def _closed(text: str) -> str:
+    """The turn as the model wrote it: a stop string (``</tool_call>``, ``</answer>``) ends
+    generation and is not returned (OpenAI semantics), but the model produced it and the
+    published transcript keeps it."""
+    for tag in ("tool_call", "answer"):
+        opened, closed = text.rfind(f"<{tag}>"), text.rfind(f"</{tag}>")
+        if opened >= 0 and closed < opened:
+            return text + f"</{tag}>"
+    return text
+
+
 def to_wire(
-    messages: Sequence[BaseMessage], protocol: Protocol, instruction: str = ""
+    messages: Sequence[BaseMessage],
+    protocol: Protocol,
+    instruction: str = "",
+    tool_response_text: bool = False,
 ) -> list[BaseMessage]:
-    """Render a stored transcript for the model (see the module docstring)."""
+    """Render a stored transcript for the model (see the module docstring).
+
+    In the ``deepeyes`` protocol a tool result goes back as DeepEyes was trained and the
+    paper evaluated it: ``<tool_response>`` + the image + the instruction +
+    ``</tool_response>``. The tool's own text (the box in original pixels, the size) is left
+    out unless ``tool_response_text``; a result without an image (an error) keeps its text.
+    """
     out: list[BaseMessage] = []
     pending: list[ToolMessage] = []
 
@@ -163,7 +183,11 @@ def to_wire(
         if protocol == "deepeyes":
             parts: list[dict] = [{"type": "text", "text": "<tool_response>"}]
             for tm in pending:
-                parts.extend(_blocks(tm.content))
+                blocks = _blocks(tm.content)
+                has_image = any(b.get("type") in ("image", "image_url") for b in blocks)
+                if has_image and not tool_response_text:
+                    blocks = [b for b in blocks if b.get("type") != "text"]
+                parts.extend(blocks)
             parts += [
                 {"type": "text", "text": instruction},
                 {"type": "text", "text": "</tool_response>"},
@@ -199,7 +223,7 @@ def to_wire(
                 text = (text + "\n" if text else "") + "\n".join(
                     format_tool_call(c["name"], c["args"]) for c in m.tool_calls
                 )
-            out.append(AIMessage(content=text))
+            out.append(AIMessage(content=_closed(text)))
         else:
             out.append(m)
     flush()

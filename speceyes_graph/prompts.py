@@ -1,8 +1,12 @@
 """The published prompts, verbatim, and how a query becomes a prompt.
 
-Strings come from the official SpecEyes (MAC-AutoML/SpecEyes) and DeepEyes
-(Visual-Agent/DeepEyes) evaluation code. Whitespace is part of what the models were trained
-or tuned on, so it is kept exactly, including trailing spaces.
+Strings come from the official SpecEyes evaluation (MAC-AutoML/SpecEyes,
+``eval_code_deepeyes/prompt.py`` and ``SpecEyes.py``), which produced the paper's numbers,
+and from DeepEyes (Visual-Agent/DeepEyes) for the variant of its tool declaration it was
+trained on. Whitespace is part of what the models saw, so it is kept exactly: the judge's
+system prompt ends with a newline, and the question template keeps the eight-space
+indentation of the triple-quoted strings in the published script (``style="published"``).
+``tests/test_protocol.py`` checks the rendered prompts against fixtures byte for byte.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 __all__ = [
     "DEEPEYES_SYSTEM_PROMPT",
+    "DEEPEYES_TRAINING_SYSTEM_PROMPT",
     "DEEPEYES_USER_PROMPT",
     "JUDGE_SYSTEM_PROMPT",
     "JUDGE_USER_SUFFIX",
@@ -28,7 +34,7 @@ JUDGE_SYSTEM_PROMPT = (
     "You decide based on answer reliability.\n\n"
     'Answer "yes" if using a tool would significantly improve correctness or confidence of the answer.\n\n'
     'Answer "no" if tools would add little or no value.\n\n'
-    'Output only "yes" or "no".'
+    'Output only "yes" or "no".\n'
 )
 JUDGE_USER_SUFFIX = "\nWould tools significantly improve answer reliability? yes or no."
 
@@ -38,7 +44,9 @@ SPECULATOR_SYSTEM_PROMPT = (
 )
 SPECULATOR_USER_SUFFIX = "\nAnswer:"
 
-DEEPEYES_SYSTEM_PROMPT = (
+# The tool declaration of the published SpecEyes evaluation (the paper's numbers).
+DEEPEYES_SYSTEM_PROMPT = 'You are a helpful assistant.\n\n# Tools\nYou may call one or more functions to assist with the user query.\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{"type":"function","function":{\n    "name":"image_zoom_in_tool",\n    "description":"Zoom in on a specific region of the input image by cropping it based on a bounding box (bbox) and an optional object label.",\n    "parameters":{\n        "type":"object",\n        "properties":{\n            "bbox_2d":{"type":"array","items":{"type":"number"},"minItems":4,"maxItems":4,"description":"The bounding box to zoom in, format: [x1, y1, x2, y2]."},\n            "label":{"type":"string","description":"Label of the object (optional)."}\n        },\n        "required":["bbox_2d"]\n    }\n}}\n</tools>\n\n# How to call a tool\nReturn a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n\n**Example**:  \n<tool_call>  \n{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [10, 20, 100, 200], "label": "the apple on the desk"}}  \n</tool_call>\n'
+DEEPEYES_TRAINING_SYSTEM_PROMPT = (  # DeepEyes' own training and evaluation
     "You are a helpful assistant.\n\n"
     "# Tools\n"
     "You may call one or more functions to assist with the user query.\n"
@@ -78,16 +86,36 @@ def option_letters(n: int) -> list[str]:
     return [chr(ord("A") + i) for i in range(n)]
 
 
-def format_question(question: str, options: Sequence[str] | None = None) -> str:
-    """``Question: ...\\nOptions: \\nA. ...\\nB. ...\\n`` as in the DeepEyes/SpecEyes scripts."""
+QuestionStyle = Literal["published", "compact"]
+
+
+def format_question(
+    question: str, options: Sequence[str] | None = None, style: QuestionStyle = "published"
+) -> str:
+    """The question block of every prompt.
+
+    ``published`` is the SpecEyes script byte for byte, indentation artefacts included::
+
+        "Question: {q}\\n        Options: \\nA. x\\nB. y\\n\\n        "   (no options: "Question: {q}\\n        ")
+
+    ``compact`` drops the indentation (``"Question: {q}\\nOptions: \\nA. x\\nB. y\\n"``), as
+    DeepEyes' own evaluation writes it; the demo checkpoints were trained on it.
+    """
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"the query needs a non-empty 'question' string, got {question!r}")
-    if not options:
-        return f"Question: {question}\n"
     listed = "".join(
-        f"{letter}. {opt}\n" for letter, opt in zip(option_letters(len(options)), options)
+        f"{letter}. {opt}\n"
+        for letter, opt in zip(option_letters(len(options or [])), options or [])
     )
-    return f"Question: {question}\nOptions: \n{listed}"
+    if style == "compact":
+        return (
+            f"Question: {question}\nOptions: \n{listed}" if options else f"Question: {question}\n"
+        )
+    if style != "published":
+        raise ValueError(f"unknown question style {style!r}; use 'published' or 'compact'")
+    if not options:
+        return f"Question: {question}\n        "
+    return f"Question: {question}\n        Options: \n{listed}\n        "
 
 
 def tools_system_prompt(tool_schemas: Sequence[dict]) -> str:
@@ -121,3 +149,7 @@ class Prompts:
     )
     agent_suffix: str = DEEPEYES_USER_PROMPT
     tool_response_instruction: str = DEEPEYES_USER_PROMPT
+    question_style: QuestionStyle = "published"
+
+    def question(self, question: str, options: Sequence[str] | None = None) -> str:
+        return format_question(question, options, self.question_style)

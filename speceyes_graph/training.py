@@ -47,7 +47,6 @@ from .prompts import (
     SPECULATOR_SYSTEM_PROMPT,
     SPECULATOR_USER_SUFFIX,
     Prompts,
-    format_question,
 )
 
 __all__ = [
@@ -81,6 +80,8 @@ DEMO_AGENT_SYSTEM = (
     "Give the final answer as <answer>...</answer>."
 )
 DEMO_PROMPTS = Prompts(
+    judge_system=JUDGE_SYSTEM_PROMPT.rstrip("\n"),  # the checkpoints learned it without the newline
+    question_style="compact",
     agent_system=DEMO_AGENT_SYSTEM,
     agent_suffix="\nZoom in if needed, then answer.",
     tool_response_instruction="\nAnswer.",
@@ -174,7 +175,7 @@ def _user(text: str, *images: np.ndarray) -> dict:
 
 def conversations(scene: Scene) -> dict[str, tuple[list[dict], list[np.ndarray], str]]:
     """Every training conversation for one scene: (chat messages, images, target reply)."""
-    q = format_question(QUESTION, scene.options)
+    q = DEMO_PROMPTS.question(QUESTION, scene.options)
     full_large, full_small = view(scene.image, LARGE_SPEC), view(scene.image, SMALL_SPEC)
     out = {
         "draft": (
@@ -187,7 +188,10 @@ def conversations(scene: Scene) -> dict[str, tuple[list[dict], list[np.ndarray],
         ),
         "judge": (
             [
-                {"role": "system", "content": [{"type": "text", "text": JUDGE_SYSTEM_PROMPT}]},
+                {
+                    "role": "system",
+                    "content": [{"type": "text", "text": DEMO_PROMPTS.judge_system}],
+                },
                 _user(q + JUDGE_USER_SUFFIX, full_large),
             ],
             [full_large],
@@ -237,7 +241,7 @@ def conversations(scene: Scene) -> dict[str, tuple[list[dict], list[np.ndarray],
 
 def _extra_corpus() -> list[str]:
     lines = [
-        JUDGE_SYSTEM_PROMPT,
+        DEMO_PROMPTS.judge_system,
         JUDGE_USER_SUFFIX,
         SPECULATOR_SYSTEM_PROMPT,
         DEMO_AGENT_SYSTEM,
@@ -246,7 +250,7 @@ def _extra_corpus() -> list[str]:
         THINK_LARGE,
         THINK_SMALL,
         THINK_CROP,
-        format_question(QUESTION, list(COLOURS)) + SPECULATOR_USER_SUFFIX,
+        DEMO_PROMPTS.question(QUESTION, list(COLOURS)) + SPECULATOR_USER_SUFFIX,
     ]
     lines += [tool_call_text((r, c)) for r in range(GRID) for c in range(GRID)]
     lines += [

@@ -5,9 +5,10 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
 from helpers import deepeyes_agent, judge, speculator
-from speceyes_graph import create_speceyes_graph
+from speceyes_graph import LoopOptions, create_speceyes_graph
 from speceyes_graph.messages import to_wire
 from speceyes_graph.models import ScriptedChatModel
+from speceyes_graph.prompts import DEEPEYES_USER_PROMPT
 from speceyes_graph.protocol import extract_answer, message_text, parse_deepeyes
 
 TOOLS = {"image_zoom_in_tool"}
@@ -177,7 +178,8 @@ def test_native_tool_calling_model(scene):
     assert out["agent_steps"][0]["tool_calls"][0]["box"][0] in (89, 90)
 
 
-def test_malformed_call_gets_a_corrective_message_and_the_loop_goes_on(scene):
+@pytest.mark.parametrize("explain", [False, True])
+def test_malformed_call_gets_a_corrective_message_and_the_loop_goes_on(scene, explain):
     prompts_seen = []
 
     def respond(msgs):
@@ -192,16 +194,24 @@ def test_malformed_call_gets_a_corrective_message_and_the_loop_goes_on(scene):
 
     out = (
         create_speceyes_graph(
-            judge=judge("yes"), speculator=speculator(), agent=ScriptedChatModel(respond=respond)
+            judge=judge("yes"),
+            speculator=speculator(),
+            agent=ScriptedChatModel(respond=respond),
+            loop=LoopOptions(explain_problems=explain),
         )
         .compile()
         .invoke({"question": "q?", "images": [scene]})
     )
     assert out["answer"] == "B" and len(out["agent_steps"]) == 4
-    assert "Invalid tool call format" in prompts_seen[1]
-    assert "Unknown tool name: magnify" in prompts_seen[2]
-    assert "Think first" in prompts_seen[3]
+    if explain:  # our improvement: say what was wrong
+        assert "Invalid tool call format" in prompts_seen[1]
+        assert "Unknown tool name: magnify" in prompts_seen[2]
+        assert "Think first" in prompts_seen[3]
+    else:  # the published loop repeats the instruction, nothing else
+        assert prompts_seen[1:] == [DEEPEYES_USER_PROMPT] * 3
+    # either way the trace records every problem
     assert [s["problem"] is not None for s in out["agent_steps"]] == [True, True, True, False]
+    assert "Invalid tool call format" in out["agent_steps"][0]["problem"]
 
 
 def test_bad_box_is_answered_by_the_tool_and_the_loop_continues(scene):

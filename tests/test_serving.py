@@ -283,3 +283,36 @@ def test_studio_graph_from_environment(monkeypatch, scene4k, tmp_path):
             str(Path(__file__).resolve().parents[1] / "speceyes_graph/studio.py")
         )["graph"]
         assert graph.invoke(q("easy: colour?", scene4k))["route"] == "speculative"
+
+
+def test_served_models_see_their_familys_resolution(tmp_path):
+    """A V*-sized image goes to DeepEyes within Qwen2.5-VL's limits (up to 12.8 MP, sides
+    multiples of 28) and to Qwen3-VL within its own (multiples of 32), not shrunk to 1 MP."""
+    from speceyes_graph.models.families import FAMILIES
+
+    wide = write_scene(tmp_path / "vstar.png", size=(5759, 1440), box=(100, 100, 160, 160))
+    names = {"Qwen/Qwen3-VL-2B-Instruct": "small", "ChenShawn/DeepEyes-7B": "large"}
+    inner = make_respond()
+
+    def respond(body):
+        return inner({**body, "model": names[body["model"]]})
+
+    with ReplayServer(respond) as server:
+        models = openai_models(
+            server.url, "Qwen/Qwen3-VL-2B-Instruct", server.url, "ChenShawn/DeepEyes-7B", timeout=10
+        )
+        create_speceyes_graph(**models).compile().invoke(q("easy: colour?", wide))
+    sizes = {}
+    for r in server.requests:
+        url = images(r["messages"][1])[0]
+        sizes[r["model"]] = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).size
+    assert sizes["ChenShawn/DeepEyes-7B"] == FAMILIES["qwen2.5-vl"].size(5759, 1440) == (5768, 1428)
+    assert sizes["Qwen/Qwen3-VL-2B-Instruct"] == FAMILIES["qwen3-vl"].size(5759, 1440)
+    assert sizes["Qwen/Qwen3-VL-2B-Instruct"][0] % 32 == 0
+    # and a spec can override the limits
+    from speceyes_graph.models.specs import parse_model_spec
+
+    spec = parse_model_spec(
+        "openai:http://h:1/v1#Qwen/Qwen3-VL-2B-Instruct?max_pixels=1003520", "small"
+    )
+    assert spec.resize.max_pixels == 1003520 and spec.resize.factor == 32

@@ -6,6 +6,7 @@ from langchain_core.messages import AIMessage
 from PIL import Image
 
 from speceyes_graph import create_speceyes_graph
+from speceyes_graph.demo import DEMO_GRAPH_SETTINGS
 from speceyes_graph.models import ScriptedChatModel, fake_logprobs, to_hf_messages
 from speceyes_graph.protocol import parse_deepeyes
 from speceyes_graph.training import (
@@ -72,6 +73,7 @@ def test_training_prompts_match_what_the_graph_sends(processors, tmp_path):
         speculator=ScriptedChatModel(respond=small),
         agent=ScriptedChatModel(respond=large),
         prompts=DEMO_PROMPTS,
+        loop=DEMO_GRAPH_SETTINGS["loop"],
         resize=LARGE_SPEC,
         speculator_resize=SMALL_SPEC,
         max_agent_steps=1,
@@ -87,6 +89,7 @@ def test_training_prompts_match_what_the_graph_sends(processors, tmp_path):
         speculator=ScriptedChatModel(respond=small),
         agent=ScriptedChatModel(respond=large),
         prompts=DEMO_PROMPTS,
+        loop=DEMO_GRAPH_SETTINGS["loop"],
         resize=LARGE_SPEC,
         speculator_resize=SMALL_SPEC,
         speculator_as_judge=False,
@@ -107,7 +110,7 @@ def test_training_prompts_match_what_the_graph_sends(processors, tmp_path):
     for task in ("draft", "judge", "zoom", "after_zoom"):
         from speceyes_graph.messages import to_wire
 
-        wire = to_wire(seen[task], "deepeyes", DEMO_PROMPTS.tool_response_instruction)
+        wire = to_wire(seen[task], "deepeyes", DEMO_PROMPTS.tool_response_instruction, True)
         hf, images = to_hf_messages(wire)
         proc = processors["small" if task == "draft" else "large"]
         expected_msgs, expected_images, _ = convs[task]
