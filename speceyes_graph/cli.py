@@ -85,6 +85,7 @@ def check_bench_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         ("batch_size", 1),
         ("max_agent_steps", 1),
         ("max_new_tokens", 1),
+        ("chunk_size", 1),
     ):
         if getattr(args, name) < low:
             parser.error(f"--{name.replace('_', '-')} must be at least {low}")
@@ -133,10 +134,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if role in specs and specs[role].resize is not None:
             settings[key] = specs[role].resize  # served: the family's image limits
     settings["gate"] = GateConfig(tau=args.threshold, k=args.top_k, aggregation=args.aggregation)
-    graph = create_speceyes_graph(
-        speculator=small, agent=large, mode=args.mode, **settings
-    ).compile()
-    queries = load_benchmark(args.benchmark, args.data)
+    builder = create_speceyes_graph(speculator=small, agent=large, mode=args.mode, **settings)
+    graph = builder.compile()
+    schedule = None
+    if args.schedule == "official":
+        from .benchmarks.schedule import OfficialSchedule
+
+        schedule = OfficialSchedule(builder, args.mode, args.chunk_size)
+    queries = load_benchmark(args.benchmark, args.data, shuffle_options=args.shuffle_options)
     recorded = {k: v for k, v in vars(args).items() if k not in ("func", "check", "specs")}
     try:
         summary = run_benchmark(
@@ -149,6 +154,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             retry_errors=args.retry_errors,
             settings=recorded,
             total=count_benchmark(args.benchmark, args.data),
+            schedule=schedule,
         )
     except RunLocked as exc:
         print(f"speceyes bench: {exc}", file=sys.stderr)
@@ -172,7 +178,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .benchmarks.report import write_report
 
-    report = write_report(args.dir, args.baseline, args.out)
+    judge = None
+    if args.judge_model:
+        from .models.specs import SpecError, load_chat_model, parse_model_spec
+
+        try:
+            spec = parse_model_spec(args.judge_model, "judge")
+        except SpecError as exc:
+            print(f"speceyes report: --judge-model: {exc}", file=sys.stderr)
+            return 2
+        judge = load_chat_model(spec, top_logprobs=None, max_new_tokens=16, batch_size=8)
+    report = write_report(args.dir, args.baseline, args.out, scoring=args.scoring, judge=judge)
     out = Path(args.out or args.dir)
     print((out / "report.md").read_text())
     print(
@@ -301,6 +317,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=512, help="per agent step")
     p.add_argument("--max-agent-steps", type=int, default=6)
     p.add_argument("--tools", default="deepeyes")
+    p.add_argument(
+        "--schedule",
+        choices=["concurrent", "official"],
+        default="concurrent",
+        help="concurrent: everything overlapped and batched across queries (this package); "
+        "official: lockstep chunks, the fallback one query at a time, as the published "
+        "evaluation (use it for both runs to compare speedups with the paper)",
+    )
+    p.add_argument("--chunk-size", type=int, default=6, help="queries per chunk (official)")
+    p.add_argument(
+        "--shuffle-options",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="V*: shuffle the options per query (default; the published evaluation does not, "
+        "so its answer is always A)",
+    )
     p.add_argument("--limit", type=int, help="only the first N queries")
     p.add_argument(
         "--retry-errors", action="store_true", help="re-run queries whose record has an error"
@@ -312,6 +344,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir")
     p.add_argument("--baseline", help="an agent-only run of the same queries")
     p.add_argument("--out", help="where to write (default: DIR)")
+    p.add_argument(
+        "--scoring",
+        choices=["strict", "official"],
+        default="strict",
+        help="strict: this package's answer reading (unreadable = wrong); official: the "
+        "published matching rules",
+    )
+    p.add_argument(
+        "--judge-model",
+        help="an LLM grader for answers the rules cannot decide, with the published grader "
+        "prompt (the paper used openai:URL#Qwen/Qwen2.5-72B-Instruct); any model spec",
+    )
     p.set_defaults(func=cmd_report)
     return parser
 

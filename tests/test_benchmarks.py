@@ -403,9 +403,8 @@ def test_report_arithmetic(tmp_path):
     assert s["ideal_speedup"] == pytest.approx(1 / (1 - 0.5))
     assert s["latency_mean_s"] == pytest.approx((0.3 + 0.3 + 2.3 + 2.1 + 0.05) / 5)
     assert s["latency_p50_s"] == pytest.approx(0.3)
-    assert s["throughput_qps"] == pytest.approx(2.0) and s["speedup_throughput"] == pytest.approx(
-        2.0
-    )
+    assert s["throughput_qps"] == pytest.approx(2.0) and s["speedup_wall"] == pytest.approx(2.0)
+    assert s["accuracy_errors_dropped"] == pytest.approx(3 / 4)
     assert s["speedup_latency"] == pytest.approx(2.0 / 1.01)
     sw = report["sweep"]
     at = {c["tau"]: c for c in sw["curves"]["separability:min"]}

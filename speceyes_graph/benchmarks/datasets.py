@@ -74,9 +74,15 @@ def _shuffled(options: list[str], seed: int, qid: str) -> tuple[list[str], str]:
 
 
 def load_vstar(
-    path: str | Path, *, seed: int = 0, splits: list[str] | None = None
+    path: str | Path, *, seed: int = 0, splits: list[str] | None = None, shuffle: bool = True
 ) -> Iterator[BenchQuery]:
-    """V* layout (also the synthetic suite): every sub-folder is a split."""
+    """V* layout (also the synthetic suite): every sub-folder is a split.
+
+    The correct option is always the first in the files. ``shuffle`` (the default) puts the
+    options in a fixed pseudo-random order per query, so a model that always says "A" is at
+    chance; ``shuffle=False`` keeps the files' order, as the published evaluation does (the
+    answer is then always "A").
+    """
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"V* data folder not found: {root}")
@@ -99,7 +105,11 @@ def load_vstar(
             if image is None:
                 raise FileNotFoundError(f"no image next to {meta_path}")
             qid = f"{folder.name}/{meta_path.stem}"
-            options, letter = _shuffled(list(meta["options"]), seed, qid)
+            options, letter = (
+                _shuffled(list(meta["options"]), seed, qid)
+                if shuffle
+                else (list(meta["options"]), "A")
+            )
             extra = {k: v for k, v in meta.items() if k not in ("question", "options")}
             extra["answer_text"] = meta["options"][0]
             yield BenchQuery(
@@ -191,9 +201,15 @@ BENCHMARKS: dict[str, Callable[..., Iterator[BenchQuery]]] = {
 }
 
 
-def load_benchmark(name: str, path: str | Path, **kwargs: Any) -> Iterator[BenchQuery]:
+def load_benchmark(
+    name: str, path: str | Path, *, shuffle_options: bool = True, **kwargs: Any
+) -> Iterator[BenchQuery]:
+    """A benchmark's queries, lazily; ``shuffle_options`` applies to V* and the synthetic suite
+    (HR-Bench has its answer letters, POPE has no options)."""
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; use one of {', '.join(BENCHMARKS)}")
+    if name in ("vstar", "synthetic"):
+        kwargs["shuffle"] = shuffle_options
     return BENCHMARKS[name](path, **kwargs)
 
 

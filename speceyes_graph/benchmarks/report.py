@@ -10,6 +10,7 @@ throughput measurement; the achieved speedup of a real run is reported beside it
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections import Counter, defaultdict
@@ -20,10 +21,124 @@ from typing import Any
 import numpy as np
 
 from ..separability import DEFAULT_ALPHA, acceptance_score, aggregate
+from .official import grade, official_reference, official_rule
 from .runner import read_records
-from .scoring import extract_yes_no, pope_metrics
+from .scoring import extract_choice, extract_yes_no, pope_metrics
 
-__all__ = ["auroc", "build_report", "draft_token_scores", "sweep", "write_report"]
+__all__ = [
+    "DEFINITIONS",
+    "auroc",
+    "build_report",
+    "draft_token_scores",
+    "rescore",
+    "sweep",
+    "write_report",
+]
+
+DEFINITIONS = {
+    "beta": "share of queries the judge (the large model) sent to the small model as tool-free",
+    "alpha": "share of those tool-free queries whose draft passed the gate (answered by the small model)",
+    "separability": "per generated token, (top-1 logit - mean of the other top-K) / their std; "
+    "min over the answer's tokens",
+    "tau": "the gate's threshold: a draft is accepted when sigmoid(0.6 x separability) > tau",
+    "speedup_wall": "measured: the baseline's wall time per query / this run's (the paper's "
+    "definition; compare with the paper only when both runs used --schedule official)",
+    "speedup_latency": "measured: the baseline's mean per-query latency / this run's",
+    "ideal_speedup": "cost model 1 / (1 - beta x alpha): judge and draft free, every agent run "
+    "as long; an estimate, not a bound (batching and concurrency can beat it)",
+    "speedup_modelled": "the offline sweep's cost model at this run's tau: per query, judge + "
+    "draft + (if rejected) the baseline's latency for that query",
+    "accuracy": "correct / all queries; an errored query counts as wrong",
+    "accuracy_errors_dropped": "correct / queries without error (the published scripts' "
+    "denominator)",
+}
+
+
+def _run_settings(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "run.json"
+    try:
+        sessions = json.loads(path.read_text()).get("sessions", []) if path.exists() else []
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return dict(sessions[-1].get("settings") or {}) if sessions else {}
+
+
+def _model_name(model: Any) -> str | None:
+    """A stable name for a chat model (the cache key of its verdicts)."""
+    if model is None:
+        return None
+    return str(
+        getattr(model, "model_name", None) or getattr(model, "model", None) or type(model).__name__
+    )
+
+
+def _strict(record: dict, text: str | None) -> bool | None:
+    """Our scoring; None when the reply cannot be read (a judge may decide)."""
+    if record.get("options"):
+        choice = extract_choice(text, record["options"])
+        return None if choice is None else choice == record["expected"]
+    said = extract_yes_no(text)
+    return None if said is None else said == record["expected"].lower()
+
+
+def rescore(
+    records: list[dict],
+    benchmark: str,
+    scoring: str = "strict",
+    judge: Any = None,
+    cache: Path | None = None,
+) -> tuple[list[dict], dict[str, int]]:
+    """Records with ``correct`` and ``draft_correct`` decided by ``strict`` (this package's
+    rules) or ``official`` (the published rules); what the rules cannot decide goes to
+    ``judge`` (any chat model, with the published grader prompt) or counts as wrong.
+    Judge verdicts are cached in ``cache`` (a JSON-lines file), so a rerun costs nothing."""
+    if scoring not in ("strict", "official"):
+        raise ValueError(f"scoring must be 'strict' or 'official', got {scoring!r}")
+    if scoring == "strict" and judge is None:
+        return records, {}  # the runner scored every record this way already
+    verdicts: dict[str, bool] = {}
+    if cache is not None and cache.exists():
+        for line in cache.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+                verdicts[entry["key"]] = bool(entry["correct"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+    stats = Counter()
+    grader = benchmark if benchmark in ("vstar", "hrbench", "pope", "synthetic") else "vstar"
+    judge_name = _model_name(judge)
+
+    def decide(record: dict, text: str | None) -> bool:
+        if scoring == "official":
+            verdict = official_rule(grader, text, record["expected"], record.get("options"))
+        else:
+            verdict = _strict(record, text)
+        if verdict is not None:
+            return verdict
+        stats["undecided"] += 1
+        if judge is None or not text:
+            return False
+        reference = official_reference(grader, record["expected"], record.get("options"))
+        key = hashlib.sha1(
+            json.dumps([grader, judge_name, record["question"], reference, text]).encode()
+        ).hexdigest()
+        if key not in verdicts:
+            verdicts[key] = grade(judge, grader, record["question"], reference, text)
+            stats["judged"] += 1
+            if cache is not None:
+                with cache.open("a") as fh:
+                    fh.write(json.dumps({"key": key, "correct": verdicts[key]}) + "\n")
+        return verdicts[key]
+
+    out = []
+    for r in records:
+        r = dict(r)
+        r["correct"] = r.get("error") is None and decide(r, r.get("answer"))
+        draft = r.get("draft") or {}
+        r["draft_correct"] = bool(draft.get("text")) and decide(r, draft.get("text"))
+        out.append(r)
+    return out, dict(stats)
+
 
 TAUS = [
     0.5,
@@ -121,10 +236,16 @@ def _summary(records: list[dict], wall: float | None) -> dict[str, Any]:
         if beta is not None and alpha is not None and beta * alpha < 1
         else None
     )
+    errors = sum(1 for r in records if r.get("error"))
     return {
         "n": n,
         "accuracy": sum(r["correct"] for r in records) / n if n else 0.0,
-        "errors": sum(1 for r in records if r.get("error")),
+        "accuracy_errors_dropped": (
+            sum(r["correct"] for r in records if not r.get("error")) / (n - errors)
+            if n > errors
+            else None
+        ),
+        "errors": errors,
         "routes": dict(routes),
         "splits": splits,
         "latency_mean_s": float(np.mean(lat)) if lat else None,
@@ -204,23 +325,58 @@ def sweep(
     return out
 
 
-def build_report(run_dir: str | Path, baseline_dir: str | Path | None = None) -> dict[str, Any]:
+def build_report(
+    run_dir: str | Path,
+    baseline_dir: str | Path | None = None,
+    *,
+    scoring: str = "strict",
+    judge: Any = None,
+) -> dict[str, Any]:
     run_dir = Path(run_dir)
     records = read_records(run_dir)
     if not records:
         raise FileNotFoundError(f"no records in {run_dir}")
-    report: dict[str, Any] = {"run": str(run_dir), "summary": _summary(records, _wall(run_dir))}
+    settings = _run_settings(run_dir)
+    benchmark = settings.get("benchmark") or ("vstar" if records[0].get("options") else "pope")
+    records, stats = rescore(records, benchmark, scoring, judge, run_dir / "grades.jsonl")
+    summary = _summary(records, _wall(run_dir))
+    summary.update(
+        schedule=settings.get("schedule", "concurrent"),
+        tau=settings.get("threshold"),
+        aggregation=settings.get("aggregation"),
+    )
+    report: dict[str, Any] = {
+        "run": str(run_dir),
+        "benchmark": benchmark,
+        "scoring": {"mode": scoring, "judge": _model_name(judge), **stats},
+        "summary": summary,
+        "definitions": DEFINITIONS,
+    }
     if baseline_dir is not None:
         baseline_dir = Path(baseline_dir)
-        baseline = read_records(baseline_dir)
+        baseline, base_stats = rescore(
+            read_records(baseline_dir), benchmark, scoring, judge, baseline_dir / "grades.jsonl"
+        )
         base_summary = _summary(baseline, _wall(baseline_dir))
+        base_summary["schedule"] = _run_settings(baseline_dir).get("schedule", "concurrent")
         report["baseline"] = {"run": str(baseline_dir), "summary": base_summary}
-        s = report["summary"]
+        s = summary
         if s["latency_mean_s"] and base_summary["latency_mean_s"]:
             s["speedup_latency"] = base_summary["latency_mean_s"] / s["latency_mean_s"]
         if s["throughput_qps"] and base_summary["throughput_qps"]:
-            s["speedup_throughput"] = s["throughput_qps"] / base_summary["throughput_qps"]
+            s["speedup_wall"] = s["throughput_qps"] / base_summary["throughput_qps"]
+        if s["schedule"] != base_summary["schedule"]:
+            report["warnings"] = [
+                f"this run used the {s['schedule']} schedule and the baseline the "
+                f"{base_summary['schedule']} one: speedup_wall compares different schedules"
+            ]
         report["sweep"] = sweep(records, baseline)
+        curve = (report["sweep"].get("curves") or {}).get(
+            f"separability:{s['aggregation'] or 'min'}"
+        )
+        if curve and s["tau"] is not None:
+            at = min(curve, key=lambda c: abs(c["tau"] - s["tau"]))
+            s["speedup_modelled"] = at["speedup"]
     report["_records"] = records
     return report
 
@@ -240,6 +396,7 @@ def _markdown(report: dict[str, Any]) -> str:
     for key in (
         "n",
         "accuracy",
+        "accuracy_errors_dropped",
         "errors",
         "latency_mean_s",
         "latency_p50_s",
@@ -249,12 +406,27 @@ def _markdown(report: dict[str, Any]) -> str:
         "beta",
         "alpha",
         "ideal_speedup",
+        "speedup_wall",
         "speedup_latency",
-        "speedup_throughput",
+        "speedup_modelled",
+        "schedule",
+        "tau",
     ):
         if key in s:
             lines.append(f"| {key} | {_fmt(s[key])} |")
+    sc = report["scoring"]
+    lines.append(
+        f"| scoring | {sc['mode']}"
+        + (f", judge {sc['judge']}" if sc.get("judge") else "")
+        + f"; {sc.get('undecided', 0)} answers the rules could not read"
+        + (f" ({sc.get('judged', 0)} sent to the judge)" if sc.get("judge") else " (counted wrong)")
+        + " |"
+    )
     lines.append(f"| routes | {', '.join(f'{k}: {v}' for k, v in sorted(s['routes'].items()))} |")
+    for warning in report.get("warnings", []):
+        lines += ["", f"**Warning:** {warning}."]
+    lines += ["", "## What the numbers mean", ""]
+    lines += [f"- **{k}**: {v}." for k, v in report["definitions"].items()]
     lines += [
         "",
         "## Accuracy per split",
@@ -387,10 +559,15 @@ def _roc(scores: Sequence[float], labels: Sequence[bool]) -> tuple[list[float], 
 
 
 def write_report(
-    run_dir: str | Path, baseline_dir: str | Path | None = None, out_dir: str | Path | None = None
+    run_dir: str | Path,
+    baseline_dir: str | Path | None = None,
+    out_dir: str | Path | None = None,
+    *,
+    scoring: str = "strict",
+    judge: Any = None,
 ) -> dict[str, Any]:
     """Write report.md, report.json and PNG plots; returns the report (without records)."""
-    report = build_report(run_dir, baseline_dir)
+    report = build_report(run_dir, baseline_dir, scoring=scoring, judge=judge)
     out = Path(out_dir or run_dir)
     out.mkdir(parents=True, exist_ok=True)
     report["plots"] = _plots(report, out)

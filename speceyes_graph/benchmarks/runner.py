@@ -32,7 +32,15 @@ from speceyes_tools.images import put_bytes, release
 from .datasets import BenchQuery
 from .scoring import is_correct
 
-__all__ = ["RECORDS", "RecordScan", "RunLocked", "read_records", "run_benchmark", "scan_records"]
+__all__ = [
+    "RECORDS",
+    "RecordScan",
+    "RunLocked",
+    "make_record",
+    "read_records",
+    "run_benchmark",
+    "scan_records",
+]
 
 RECORDS = "records.jsonl"
 CORRUPT = "records.corrupt.jsonl"
@@ -151,7 +159,7 @@ def _load_run(path: Path) -> dict:
     return {"sessions": []}
 
 
-def _record(
+def make_record(
     q: BenchQuery, out: dict[str, Any] | None, latency: float, error: str | None, mode: str
 ) -> dict:
     out = out or {}
@@ -193,9 +201,9 @@ def _run_one(graph, q: BenchQuery, mode: str) -> dict:
             "query_id": q.id,
         }
         out = graph.invoke(inputs)
-        return _record(q, out, time.perf_counter() - t0, None, mode)
+        return make_record(q, out, time.perf_counter() - t0, None, mode)
     except Exception as exc:  # a failure of the graph itself: recorded, never fatal to the run
-        return _record(q, None, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}", mode)
+        return make_record(q, None, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}", mode)
     finally:
         if ref and is_blob_key(ref):
             release(ref)
@@ -213,26 +221,28 @@ def run_benchmark(
     settings: dict[str, Any] | None = None,
     progress: bool = True,
     total: int | None = None,
-    run_one: Callable[[BenchQuery], dict] | None = None,
+    schedule: Callable[[list[BenchQuery]], list[dict]] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) a benchmark; returns this session's summary.
 
     ``total`` (the number of queries, if known) gives the progress bar its length and ETA.
     On Ctrl-C the queries not yet started are dropped, every finished one is already on
-    disk, and the summary says ``interrupted``. ``run_one`` replaces how one query is run
-    (a different schedule); by default it is ``graph.invoke``.
+    disk, and the summary says ``interrupted``. By default queries run concurrently
+    (``concurrency`` in flight through ``graph.invoke``); ``schedule`` (e.g.
+    :class:`~speceyes_graph.benchmarks.schedule.OfficialSchedule`) instead takes chunks of
+    ``schedule.chunk_size`` queries, one chunk at a time, and returns their records.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with _exclusive(out):
         return _run_locked(
             graph, queries, out, mode, concurrency, limit, retry_errors, settings, progress,
-            total, run_one,
+            total, schedule,
         )  # fmt: skip
 
 
 def _run_locked(
-    graph, queries, out, mode, concurrency, limit, retry_errors, settings, progress, total, run_one
+    graph, queries, out, mode, concurrency, limit, retry_errors, settings, progress, total, schedule
 ) -> dict[str, Any]:
     existing = read_records(out, repair=True)
     if retry_errors and any(r.get("error") for r in existing):
@@ -240,7 +250,6 @@ def _run_locked(
         _replace(out / RECORDS, b"".join(json.dumps(r).encode() + b"\n" for r in existing))
     done = {r["id"] for r in existing}
     todo = _pending(queries, done, limit)
-    run_one = run_one or (lambda q: _run_one(graph, q, mode))
     if total is not None and limit is not None:
         total = min(total, limit)
     session = {
@@ -262,36 +271,47 @@ def _run_locked(
     written = 0
     interrupted = False
     pool = ThreadPoolExecutor(concurrency)
+
+    def write(record: dict) -> None:
+        nonlocal written, n_total, n_correct
+        fh.write(json.dumps(record) + "\n")  # only this thread writes: no lock needed
+        fh.flush()
+        written += 1
+        n_total += 1
+        n_correct += record["correct"]
+        routes[record.get("route") or "error"] += 1
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(
+                acc=f"{n_correct / n_total:.3f}",
+                **{_SHORT.get(k, k): v for k, v in routes.items()},
+            )
+
     try:
         with (out / RECORDS).open("a", encoding="utf-8") as fh:
-            in_flight: set[Future] = set()
+            if schedule is not None:  # chunk after chunk, as the schedule runs them
+                while chunk := [
+                    q for q in (next(todo, None) for _ in range(schedule.chunk_size)) if q
+                ]:
+                    for record in schedule(chunk):
+                        write(record)
+            else:
+                in_flight: set[Future] = set()
 
-            def fill() -> None:
-                while len(in_flight) < concurrency:
-                    q = next(todo, None)
-                    if q is None:
-                        return
-                    in_flight.add(pool.submit(run_one, q))
+                def fill() -> None:
+                    while len(in_flight) < concurrency:
+                        q = next(todo, None)
+                        if q is None:
+                            return
+                        in_flight.add(pool.submit(_run_one, graph, q, mode))
 
-            fill()
-            while in_flight:
-                finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    in_flight.discard(fut)
-                    record = fut.result()
-                    fh.write(json.dumps(record) + "\n")  # only this thread writes: no lock needed
-                    fh.flush()
-                    written += 1
-                    n_total += 1
-                    n_correct += record["correct"]
-                    routes[record.get("route") or "error"] += 1
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(
-                            acc=f"{n_correct / n_total:.3f}",
-                            **{_SHORT.get(k, k): v for k, v in routes.items()},
-                        )
                 fill()
+                while in_flight:
+                    finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        in_flight.discard(fut)
+                        write(fut.result())
+                    fill()
     except KeyboardInterrupt:
         interrupted = True  # what finished is on disk; what runs is abandoned, not waited for
     finally:
