@@ -91,6 +91,13 @@ def check_bench_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             parser.error(f"--{name.replace('_', '-')} must be at least {low}")
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
+    if args.gate:
+        try:
+            from .separability import GateConfig
+
+            GateConfig.load(args.gate)
+        except (OSError, ValueError, TypeError) as exc:
+            parser.error(f"--gate {args.gate}: {exc}")
     demo = [role for role in needs if getattr(args, role) == "demo"]
     if demo and len(demo) != len(needs):
         parser.error(
@@ -113,10 +120,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .separability import GateConfig
 
     specs = args.specs
+    gate = (
+        GateConfig.load(args.gate)
+        if args.gate
+        else GateConfig(tau=args.threshold, k=args.top_k, aggregation=args.aggregation)
+    )
     small = large = None
     if "small" in specs:
         small = load_chat_model(
-            specs["small"], top_logprobs=args.top_k, max_new_tokens=20, batch_size=args.batch_size
+            specs["small"], top_logprobs=gate.k, max_new_tokens=20, batch_size=args.batch_size
         )
     if "large" in specs:
         large = load_chat_model(
@@ -133,7 +145,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for role, key in (("large", "resize"), ("small", "speculator_resize")):
         if role in specs and specs[role].resize is not None:
             settings[key] = specs[role].resize  # served: the family's image limits
-    settings["gate"] = GateConfig(tau=args.threshold, k=args.top_k, aggregation=args.aggregation)
+    settings["gate"] = gate
     builder = create_speceyes_graph(speculator=small, agent=large, mode=args.mode, **settings)
     graph = builder.compile()
     schedule = None
@@ -172,6 +184,43 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"{summary['total']} queries recorded in {args.out} ({summary['written']} this run); "
         f"accuracy {summary['accuracy']:.3f}; routes {summary['routes']}"
     )
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .benchmarks.runner import read_records
+    from .calibration import calibrate
+
+    records = read_records(args.dir)
+    baseline = read_records(args.baseline) if args.baseline else None
+    if not records:
+        print(f"speceyes calibrate: no records in {args.dir}", file=sys.stderr)
+        return 2
+    result = calibrate(
+        records,
+        max_drop=args.max_drop,
+        delta=args.delta,
+        baseline=baseline,
+        aggregations=args.aggregations.split(","),
+        holdout=args.holdout,
+    )
+    out = Path(args.out or Path(args.dir) / "gate.json")
+    result.save(out)
+    cal, held = result.calibration, result.holdout
+    print(
+        f"tau {result.tau:.6g} ({result.aggregation}, K {result.k}): with probability >= "
+        f"{1 - result.delta:.3g}, accepted drafts cost at most {result.max_drop:.3g} accuracy "
+        f"({result.loss}; {result.method}; {result.n_calibration} calibration queries)"
+    )
+    print(f"calibration: accepts {cal['accepted']:.3f} of queries, observed loss {cal['risk']:.4f}")
+    if held:
+        line = f"held out ({held['n']} queries): accepts {held['accepted']:.3f}, observed loss {held['risk']:.4f}"
+        if "accuracy_with_gate" in held:
+            line += f", accuracy {held['accuracy_with_gate']:.3f} vs agent-only {held['agent_accuracy']:.3f}"
+        print(line)
+    if result.tau >= 1.0:
+        print("no tau could be certified at this level: the gate file accepts no draft")
+    print(f"wrote {out} (use: speceyes bench --gate {out}, or create_speceyes_graph(gate=...))")
     return 0
 
 
@@ -312,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=64)
     p.add_argument("--aggregation", choices=["min", "mean", "bottom-q"], default="min")
     p.add_argument(
+        "--gate", help="a gate file from `speceyes calibrate` (replaces the three above)"
+    )
+    p.add_argument(
         "--batch-size", type=int, default=16, help="max batch per model call (2x queries in flight)"
     )
     p.add_argument("--max-new-tokens", type=int, default=512, help="per agent step")
@@ -339,6 +391,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_bench, check=check_bench_args)
+
+    p = sub.add_parser(
+        "calibrate",
+        help="choose tau from a labelled run so accepted drafts cost at most EPS accuracy, "
+        "with probability at least 1-DELTA",
+    )
+    p.add_argument("dir", help="a run with drafts (--mode small or speceyes)")
+    p.add_argument("--max-drop", type=float, required=True, help="EPS, e.g. 0.01")
+    p.add_argument("--delta", type=float, default=0.1, help="DELTA, e.g. 0.1")
+    p.add_argument("--baseline", help="an agent-only run of the same queries (tighter loss)")
+    p.add_argument("--aggregations", default="min", help="comma-separated: min,mean,bottom-q")
+    p.add_argument("--holdout", type=float, default=0.3, help="share held out to check the gate")
+    p.add_argument("--out", help="gate file to write (default: DIR/gate.json)")
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("report", help="summarise a run, sweep tau offline against a baseline, plot")
     p.add_argument("dir")

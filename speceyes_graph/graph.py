@@ -92,7 +92,7 @@ def create_speceyes_graph(
     agent: BaseChatModel | None = None,
     tools: str | Path | Toolset | Sequence[BaseTool] | None = "deepeyes",
     mode: Mode = "speceyes",
-    gate: GateConfig | None = None,
+    gate: GateConfig | str | Path | None = None,
     speculator_as_judge: bool = False,
     max_agent_steps: int = DEFAULT_MAX_STEPS,
     judge_max_tokens: int | None = 10,
@@ -119,8 +119,9 @@ def create_speceyes_graph(
         mode: the default mode: ``speceyes``; ``agent`` (baseline, every query to the loop);
             ``small`` (draft only, never falls back; the gate score is still recorded). A run
             may pick another mode (context ``mode``) if the graph has its models.
-        gate: threshold, K, aggregation (defaults: tau 0.98, K 64, ``min``); per run:
-            context ``tau``, ``k``, ``aggregation``.
+        gate: threshold, K, aggregation (defaults: tau 0.98, K 64, ``min``), or the path of
+            a gate file from ``speceyes calibrate``; per run: context ``tau``, ``k``,
+            ``aggregation``.
         speculator_as_judge: use the small model as the judge (the paper's ablation).
         max_agent_steps: model turns of the agent loop (per run: ``max_agent_steps``, up to
             ``limits.max_agent_steps``).
@@ -141,7 +142,7 @@ def create_speceyes_graph(
         loop: the agent loop's protocol options (:class:`LoopOptions`; defaults: the
             published DeepEyes format, stop strings on each step).
     """
-    gate = gate or GateConfig()
+    gate = GateConfig.load(gate) if isinstance(gate, (str, Path)) else (gate or GateConfig())
     prompts = prompts or Prompts()
     store = store or default_store()
     limits = limits or Limits()

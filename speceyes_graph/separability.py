@@ -23,8 +23,10 @@ more competitors than exist raises unless ``clamp=True`` is passed explicitly.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -343,6 +345,16 @@ class GateConfig:
             raise ValueError(f"k must be at least 2, got {k}")
         self.tau, self.k, self.aggregation, self.alpha, self.q = tau, k, aggregation, alpha, q
         self.score, self.clamp = score, clamp
+
+    @classmethod
+    def load(cls, path: str | Path) -> GateConfig:
+        """A gate file written by ``speceyes calibrate`` (or ``{"tau": .., "k": .., ...}``)."""
+        data = json.loads(Path(path).read_text())
+        data = data.get("gate", data)
+        if "tau" not in data:
+            raise ValueError(f"{path} is not a gate file (no tau)")
+        keys = ("tau", "k", "aggregation", "alpha", "q", "score", "clamp")
+        return cls(**{k: data[k] for k in keys if k in data})
 
     def replace(self, **changes: Any) -> GateConfig:
         """A copy with some settings changed (per-run overrides)."""

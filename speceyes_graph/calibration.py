@@ -1,0 +1,201 @@
+"""A calibrated gate: choose tau so that speculation costs at most EPS accuracy, w.p. >= 1-DELTA.
+
+The published gate uses a fixed tau (0.98). Whether that loses accuracy depends on the
+models and the data. From a labelled calibration run (drafts with their top-K log-probs and
+whether each draft was right; ideally also an agent-only run of the same queries) this picks
+the most permissive tau whose *accuracy lost to accepted drafts* is provably small:
+
+    loss_i(tau) = 1 if query i's draft is accepted at tau, the draft is wrong and the agent
+                  would have been right (without an agent run: the draft is wrong), else 0
+    risk(tau)   = E[loss(tau)]      (the drop in accuracy against agent-only, or more)
+
+Method: Learn-then-Test (Angelopoulos et al., 2021) with fixed-sequence testing. For each
+candidate tau, from the most conservative down, test H0: risk(tau) > EPS with the exact
+binomial tail p-value P(Binomial(n, EPS) <= n * empirical risk); stop at the first tau that
+is not rejected at level DELTA. Every tau rejected before is valid simultaneously with
+probability at least 1-DELTA (fixed-sequence testing needs no multiplicity correction, and
+the binomial tail is exact for 0/1 losses, so the guarantee holds for any n, without
+assumptions on the scores). Several aggregations split DELTA equally (Bonferroni) and the
+valid (aggregation, tau) accepting the most drafts wins. Why not a concentration bound
+(Hoeffding): for rare losses the binomial tail is much tighter at the same guarantee.
+
+The guarantee is for queries drawn like the calibration ones. ``calibrate`` can hold out a
+share of the run to report what happens on queries it did not see.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .separability import DEFAULT_ALPHA, DEFAULT_K, GateConfig, acceptance_score, aggregate
+
+__all__ = ["Calibration", "binomial_tail_pvalue", "calibrate", "draft_scores"]
+
+AGGREGATIONS = ("min", "mean", "bottom-q")
+
+
+def binomial_tail_pvalue(losses: int, n: int, eps: float) -> float:
+    """P(Binomial(n, eps) <= losses): the exact p-value of H0 "risk > eps" given ``losses``."""
+    if n == 0:
+        return 1.0
+    if eps <= 0:
+        return 1.0 if losses >= 0 else 0.0
+    if eps >= 1:
+        return 1.0 if losses >= n else 0.0
+    log_p, log_q = math.log(eps), math.log1p(-eps)
+    terms = [
+        math.lgamma(n + 1)
+        - math.lgamma(j + 1)
+        - math.lgamma(n - j + 1)
+        + j * log_p
+        + (n - j) * log_q
+        for j in range(0, min(losses, n) + 1)
+    ]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
+
+
+def draft_scores(record: dict, aggregation: str, k: int | None = None) -> float | None:
+    """A record's acceptance score recomputed from its draft's sorted top-K log-probs."""
+    top = (record.get("draft") or {}).get("top_logprobs")
+    if not top:
+        return None
+    m = np.asarray(top, dtype=float)
+    if k is not None:
+        m = m[:, :k]
+    if m.shape[1] < 2 or m.shape[0] == 0:
+        return None
+    comp = m[:, 1:]
+    token = (m[:, 0] - comp.mean(axis=1)) / (comp.std(axis=1) + 1e-6)
+    return acceptance_score(aggregate(token, aggregation), DEFAULT_ALPHA)
+
+
+@dataclass
+class Calibration:
+    """The chosen gate, the guarantee, and how it did on calibration and held-out queries."""
+
+    tau: float
+    aggregation: str
+    k: int
+    max_drop: float
+    delta: float
+    n_calibration: int
+    method: str = "Learn-then-Test, fixed-sequence, exact binomial tail"
+    loss: str = "accepted, draft wrong, agent right"
+    calibration: dict[str, Any] = field(default_factory=dict)
+    holdout: dict[str, Any] = field(default_factory=dict)
+
+    def gate(self, base: GateConfig | None = None) -> GateConfig:
+        return (base or GateConfig()).replace(tau=self.tau, k=self.k, aggregation=self.aggregation)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"gate": asdict(self)}, indent=2))
+
+
+def _losses_and_scores(records, agent, aggregation, k):
+    scores, losses = [], []
+    for r in records:
+        s = draft_scores(r, aggregation, k)
+        a = agent.get(r["id"], {}).get("correct", True) if agent is not None else True
+        scores.append(-math.inf if s is None else s)
+        losses.append(int(bool(a) and not r.get("draft_correct")))
+    return np.asarray(scores), np.asarray(losses)
+
+
+def _evaluate(scores, losses, tau, records, agent):
+    accepted = scores > tau
+    n = len(scores)
+    out = {
+        "n": n,
+        "accepted": float(accepted.mean()) if n else 0.0,
+        "risk": float((accepted & (losses == 1)).mean()) if n else 0.0,
+    }
+    if agent is not None and n:
+        base = np.asarray([bool(agent.get(r["id"], {}).get("correct")) for r in records])
+        drafts = np.asarray([bool(r.get("draft_correct")) for r in records])
+        out["agent_accuracy"] = float(base.mean())
+        out["accuracy_with_gate"] = float(np.where(accepted, drafts, base).mean())
+    return out
+
+
+def calibrate(
+    records: Sequence[dict],
+    *,
+    max_drop: float,
+    delta: float,
+    baseline: Sequence[dict] | None = None,
+    aggregations: Sequence[str] = ("min",),
+    k: int | None = None,
+    holdout: float = 0.0,
+    taus: Sequence[float] | None = None,
+) -> Calibration:
+    """Choose (aggregation, tau) from labelled records (see the module docstring)."""
+    if not 0 < max_drop < 1 or not 0 < delta < 1:
+        raise ValueError("max_drop and delta must be in (0, 1)")
+    if not 0 <= holdout < 1:
+        raise ValueError("holdout must be in [0, 1)")
+    unknown = set(aggregations) - set(AGGREGATIONS)
+    if unknown:
+        raise ValueError(f"unknown aggregations {sorted(unknown)}; use {AGGREGATIONS}")
+    agent = {r["id"]: r for r in baseline} if baseline is not None else None
+    rows = [r for r in records if agent is None or r["id"] in agent]
+
+    def held(r: dict) -> bool:
+        digest = int(hashlib.sha1(str(r["id"]).encode()).hexdigest()[:8], 16)
+        return digest / 0xFFFFFFFF < holdout
+
+    cal = [r for r in rows if not held(r)]
+    test = [r for r in rows if held(r)]
+    if not cal:
+        raise ValueError("no calibration records (with drafts and, if given, a baseline)")
+    depths = [
+        len(r["draft"]["top_logprobs"][0])
+        for r in cal
+        if (r.get("draft") or {}).get("top_logprobs")
+    ]
+    depth = min(depths) if depths else DEFAULT_K
+    k = min(k or depth, depth)
+    grid = sorted(set(taus or [])) or None
+    best: tuple[float, str, float] | None = None  # (acceptance, aggregation, tau)
+    per_level = delta / len(aggregations)
+    for aggregation in aggregations:
+        scores, losses = _losses_and_scores(cal, agent, aggregation, k)
+        candidates = grid or sorted(set(scores[np.isfinite(scores)].tolist()))
+        chosen = None
+        for tau in sorted(candidates, reverse=True):  # most conservative first
+            accepted = scores > tau
+            p = binomial_tail_pvalue(int((accepted & (losses == 1)).sum()), len(cal), max_drop)
+            if p > per_level:
+                break
+            chosen = tau
+        if chosen is not None:
+            acceptance = float((scores > chosen).mean())
+            if best is None or acceptance > best[0]:
+                best = (acceptance, aggregation, chosen)
+    if best is None:  # nothing can be certified: accept no draft
+        aggregation, tau = aggregations[0], 1.0
+    else:
+        _, aggregation, tau = best
+    result = Calibration(
+        tau=float(tau),
+        aggregation=aggregation,
+        k=int(k),
+        max_drop=max_drop,
+        delta=delta,
+        n_calibration=len(cal),
+        loss="accepted, draft wrong, agent right" if agent is not None else "accepted, draft wrong",
+    )
+    scores, losses = _losses_and_scores(cal, agent, aggregation, k)
+    result.calibration = _evaluate(scores, losses, tau, cal, agent)
+    if test:
+        scores, losses = _losses_and_scores(test, agent, aggregation, k)
+        result.holdout = _evaluate(scores, losses, tau, test, agent)
+    return result

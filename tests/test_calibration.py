@@ -1,0 +1,113 @@
+"""The calibrated gate: exact p-values, a guarantee that holds in simulation, a gate file the
+graph and the benchmark CLI accept."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import deepeyes_agent, judge, speculator
+from speceyes_graph import GateConfig, create_speceyes_graph
+from speceyes_graph.calibration import binomial_tail_pvalue, calibrate
+
+COMPETITORS = np.sort(np.random.default_rng(0).normal(0, 1, 63))[::-1]
+
+
+def record(i, separability, draft_right, agent_right=True):
+    top1 = COMPETITORS.mean() + separability * (COMPETITORS.std() + 1e-6)
+    row = [float(top1), *map(float, COMPETITORS)]
+    return (
+        {
+            "id": f"q{i}",
+            "draft": {"text": "A", "top_logprobs": [row]},
+            "draft_correct": bool(draft_right),
+        },
+        {"id": f"q{i}", "correct": bool(agent_right)},
+    )
+
+
+def test_binomial_tail_is_exact():
+    for n, k, p in [(10, 3, 0.2), (50, 0, 0.05), (200, 7, 0.03), (30, 30, 0.5)]:
+        direct = sum(math.comb(n, j) * p**j * (1 - p) ** (n - j) for j in range(k + 1))
+        assert binomial_tail_pvalue(k, n, p) == pytest.approx(direct, rel=1e-9)
+
+
+def true_risk(s_star, top=12.0):
+    """risk when drafts with separability > s_star are accepted; S ~ U(0, top),
+    P(draft right | S) = sigmoid(S - 6), agent right w.p. 0.9 independently."""
+    a = min(max(s_star, 0.0), top)
+    integral = (top - a) - (math.log1p(math.exp(top - 6)) - math.log1p(math.exp(a - 6)))
+    return 0.9 * integral / top
+
+
+def simulate(rng, n):
+    s = rng.uniform(0, 12, n)
+    right = rng.random(n) < 1 / (1 + np.exp(-(s - 6)))
+    agent = rng.random(n) < 0.9
+    pairs = [record(i, s[i], right[i], agent[i]) for i in range(n)]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def test_the_guarantee_holds_in_simulation():
+    eps, delta, trials, n = 0.03, 0.1, 300, 300
+    rng = np.random.default_rng(42)
+    taus = [1 / (1 + math.exp(-0.6 * s)) for s in np.linspace(12, 0, 61)]
+    violations, accepted = 0, []
+    for _ in range(trials):
+        records, baseline = simulate(rng, n)
+        result = calibrate(records, max_drop=eps, delta=delta, baseline=baseline, taus=taus)
+        s_star = math.log(result.tau / (1 - result.tau)) / 0.6 if result.tau < 1 else 99
+        violations += true_risk(s_star) > eps
+        accepted.append(result.calibration["accepted"])
+    rate = violations / trials
+    assert rate <= delta + 3 * math.sqrt(delta * (1 - delta) / trials), rate
+    assert np.mean(accepted) > 0.2  # and it is not vacuous: it does accept drafts
+
+
+def test_no_certifiable_tau_accepts_nothing():
+    pairs = [record(i, 9.0, draft_right=False) for i in range(50)]  # confident and always wrong
+    result = calibrate(
+        [p[0] for p in pairs], max_drop=0.01, delta=0.1, baseline=[p[1] for p in pairs]
+    )
+    assert result.tau == 1.0 and result.calibration["accepted"] == 0.0
+
+
+def test_gate_file_drives_the_graph(tmp_path, scene):
+    rng = np.random.default_rng(1)
+    records, baseline = simulate(rng, 400)
+    result = calibrate(records, max_drop=0.05, delta=0.1, baseline=baseline, holdout=0.3)
+    assert result.holdout["n"] > 50 and 0 <= result.holdout["risk"] <= 1
+    path = tmp_path / "gate.json"
+    result.save(path)
+    gate = GateConfig.load(path)
+    assert gate.tau == result.tau and gate.k == 64 and gate.aggregation == "min"
+    just_below = math.log(result.tau / (1 - result.tau)) / 0.6 - 0.05
+    g = create_speceyes_graph(
+        judge=judge("no"),
+        speculator=speculator("A", just_below),
+        agent=deepeyes_agent(),
+        gate=str(path),
+    ).compile()
+    assert g.invoke({"question": "q", "images": [scene]})["route"] == "rejected-agentic"
+
+
+def test_calibrate_command(tmp_path):
+    rng = np.random.default_rng(2)
+    records, baseline = simulate(rng, 300)
+    for folder, rows in (("run", records), ("base", baseline)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "records.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows)
+        )
+    r = subprocess.run(
+        [sys.executable, "-m", "speceyes_graph.cli", "calibrate", str(tmp_path / "run"),
+         "--baseline", str(tmp_path / "base"), "--max-drop", "0.05", "--delta", "0.1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "with probability >= 0.9" in r.stdout and "held out" in r.stdout
+    gate = json.loads((tmp_path / "run" / "gate.json").read_text())["gate"]
+    assert 0.5 < gate["tau"] < 1 and gate["method"].startswith("Learn-then-Test")
