@@ -66,7 +66,7 @@ def openai_models(
     top_logprobs: int = 64,
     timeout: float = 120.0,
     max_retries: int = 3,
-    agent_max_tokens: int | None = 1024,
+    agent_max_tokens: int | None = 512,
     resize: ResizeSpec | None = None,
     speculator_resize: ResizeSpec | None = None,
 ) -> dict[str, Any]:
