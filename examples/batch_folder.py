@@ -16,8 +16,8 @@ from tqdm import tqdm
 
 from speceyes_graph import GateConfig, create_speceyes_graph
 from speceyes_graph.benchmarks import generate_suite
+from speceyes_graph.demo.tiny import cached_tiny_models
 from speceyes_graph.models import ChatTransformersVLM
-from speceyes_graph.tiny import cached_tiny_models
 
 parser = argparse.ArgumentParser()
 parser.add_argument("folder", nargs="?", help="images to ask about (default: 16 synthetic scenes)")

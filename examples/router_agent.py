@@ -14,7 +14,7 @@ from langgraph.graph.message import add_messages
 from typing_extensions import TypedDict
 
 from speceyes_graph import create_speceyes_graph
-from speceyes_graph.example import make_example_models, make_example_scenes
+from speceyes_graph.demo.example import make_example_models, make_example_scenes
 
 
 class AppState(TypedDict, total=False):

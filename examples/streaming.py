@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 from speceyes_graph import create_speceyes_graph
-from speceyes_graph.example import make_example_models, make_example_scenes
+from speceyes_graph.demo.example import make_example_models, make_example_scenes
 
 judge, speculator, agent = make_example_models()
 graph = create_speceyes_graph(judge=judge, speculator=speculator, agent=agent).compile()

@@ -11,7 +11,7 @@ from pathlib import Path
 from langchain_core.messages import AIMessage
 
 from speceyes_graph import create_speceyes_graph, load_toolset
-from speceyes_graph.example import make_example_models, make_example_scenes
+from speceyes_graph.demo.example import make_example_models, make_example_scenes
 from speceyes_graph.models import ScriptedChatModel
 
 here = Path(__file__).resolve().parent

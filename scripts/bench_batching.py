@@ -233,7 +233,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         models = Path(args.models) if args.models else None
         if models is None:
-            from speceyes_graph.tiny import make_tiny_models
+            from speceyes_graph.demo.tiny import make_tiny_models
 
             models = make_tiny_models(Path(tmp) / "models")["small"].parent
         qdir = Path(tmp) / "queries"

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from langchain_core.messages import AIMessage, SystemMessage
 
+from speceyes_graph.demo.tiny import _processor, build_qwen_vl, build_tokenizer
 from speceyes_graph.messages import user_message
 from speceyes_graph.models import ChatTransformersVLM
 from speceyes_graph.prompts import (
@@ -29,7 +30,6 @@ from speceyes_graph.prompts import (
     SPECULATOR_SYSTEM_PROMPT,
     format_question,
 )
-from speceyes_graph.tiny import _processor, build_qwen_vl, build_tokenizer
 from speceyes_tools import put_bytes
 
 FULL = {

@@ -225,21 +225,22 @@ def create_agent_loop(
             "correction": correction,
         }
 
-    def route(state: AgentLoopState) -> Literal["tools", "correct", "finish"]:
+    # Routers return edge labels (drawn on the workflow picture).
+    def route(state: AgentLoopState) -> Literal["tool call", "malformed", "answer", "step limit"]:
         if state.get("error") or state.get("answer") is not None:
-            return "finish"
+            return "answer"
         if len(state.get("steps") or []) >= steps_allowed(state):
-            return "finish"
+            return "step limit"
         last = state["messages"][-1]
         if isinstance(last, AIMessage) and last.tool_calls:
-            return "tools"
-        return "correct"
+            return "tool call"
+        return "malformed"
 
     def correct(state: AgentLoopState) -> dict[str, Any]:
         return {"messages": [HumanMessage(content=state["correction"])]}
 
-    def after_tools(state: AgentLoopState) -> Literal["agent", "finish"]:
-        return "finish" if len(state.get("steps") or []) >= steps_allowed(state) else "agent"
+    def after_tools(state: AgentLoopState) -> Literal["continue", "step limit"]:
+        return "step limit" if len(state.get("steps") or []) >= steps_allowed(state) else "continue"
 
     def run_tool(request, execute):
         """Each tool call: within the query's deadline and the tool timeout; pixels to the store."""
@@ -298,9 +299,15 @@ def create_agent_loop(
     graph.add_node("correct", correct)
     graph.add_node("finish", finish)
     graph.add_edge(START, "agent")
-    graph.add_conditional_edges("agent", route, ["tools", "correct", "finish"])
+    graph.add_conditional_edges(
+        "agent",
+        route,
+        {"tool call": "tools", "malformed": "correct", "answer": "finish", "step limit": "finish"},
+    )
     graph.add_edge("correct", "agent")
-    graph.add_conditional_edges("tools", after_tools, ["agent", "finish"])
+    graph.add_conditional_edges(
+        "tools", after_tools, {"continue": "agent", "step limit": "finish"}
+    )
     graph.add_edge("finish", END)
     return graph
 

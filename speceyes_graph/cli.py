@@ -10,7 +10,7 @@ from pathlib import Path
 
 def _placeholder_graph(mode: str, tools: str):
     """A graph with scripted models, for drawing only (drawing needs no weights)."""
-    from .example import make_example_models
+    from .demo.example import make_example_models
     from .graph import create_speceyes_graph
 
     judge, speculator, agent = make_example_models()
@@ -39,7 +39,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 def cmd_example(args: argparse.Namespace) -> int:
-    from .example import run_example
+    from .demo.example import run_example
 
     results = run_example(Path(args.dir) if args.dir else None)
     failed = [r for r in results if r.get("error")]
@@ -47,7 +47,7 @@ def cmd_example(args: argparse.Namespace) -> int:
 
 
 def cmd_make_tiny_models(args: argparse.Namespace) -> int:
-    from .tiny import make_tiny_models
+    from .demo.tiny import make_tiny_models
 
     paths = make_tiny_models(args.dir, seed=args.seed)
     for kind, path in paths.items():
@@ -251,19 +251,22 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
     """Both models train at once, one process and one thread each (better use of 2 cores)."""
     import multiprocessing as mp
 
-    from .training import train_demo
+    from .demo.training import train_demo
 
-    kinds = args.models.split(",")
-    kwargs = {"minutes": args.minutes, "seed": args.seed, "max_steps": args.steps}
+    kinds = [k.strip() for k in args.models.split(",") if k.strip()]
+    if not kinds or set(kinds) - {"small", "large"}:
+        raise SystemExit(f"speceyes train-demo: --models takes small, large or small,large, not {args.models!r}")
+    minutes = {"large": args.minutes, "small": args.small_minutes}
+    kwargs = {"seed": args.seed, "max_steps": args.steps}
     if len(kinds) == 1:
-        train_demo(args.out, kinds[0], threads=args.threads, **kwargs)
+        train_demo(args.out, kinds[0], threads=args.threads, minutes=minutes[kinds[0]], **kwargs)
         return 0
     ctx = mp.get_context("spawn")
     procs = [
         ctx.Process(
             target=train_demo,
             args=(args.out, k),
-            kwargs={**kwargs, "threads": 1},
+            kwargs={**kwargs, "minutes": minutes[k], "threads": 1},
         )
         for k in kinds
     ]
@@ -280,7 +283,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     checkpoints = None
     if args.checkpoints:
         checkpoints = {k: Path(args.checkpoints) / k for k in ("small", "large")}
-    summary = run_demo(args.out, args.n, batch_size=args.batch_size, checkpoints=checkpoints)
+    if args.n < 1:
+        raise SystemExit("speceyes demo: --n must be at least 1")
+    summary = run_demo(
+        args.out,
+        args.n,
+        batch_size=args.batch_size,
+        checkpoints=checkpoints,
+        progress=not args.no_progress,
+    )
     return 1 if summary["errors"] else 0
 
 
@@ -299,22 +310,28 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="SpecEyes vs agent-only on the embedded demo checkpoints (offline)"
     )
     p.add_argument(
-        "--out", default="speceyes-demo", help="output folder (default: ./speceyes-demo)"
+        "-o", "--out", default="speceyes-demo", help="output folder (default: ./speceyes-demo)"
     )
     p.add_argument(
-        "--n", type=int, default=60, help="number of held-out queries (the targets use 300)"
+        "--n", type=int, default=60, help="number of held-out queries (the README's figures use 300)"
     )
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument(
         "--checkpoints", help="a train-demo output folder instead of the shipped checkpoints"
     )
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(
         "train-demo", help="train the demo checkpoints on the synthetic world (CPU or GPU)"
     )
     p.add_argument("out")
-    p.add_argument("--minutes", type=float, default=30.0, help="wall-clock budget per model")
+    p.add_argument(
+        "--minutes", type=float, default=80.0, help="wall-clock budget of the large model"
+    )
+    p.add_argument(
+        "--small-minutes", type=float, default=20.0, help="wall-clock budget of the small model"
+    )
     p.add_argument(
         "--steps", type=int, help="a fixed number of steps instead (reproducible from the seed)"
     )

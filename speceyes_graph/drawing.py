@@ -54,7 +54,9 @@ def to_dot(g: Graph) -> str:
     """Graphviz source; subgraph nodes (``agent_loop:agent``) are grouped in a cluster."""
     lines = [
         "digraph speceyes {",
-        '  rankdir=TB; node [shape=box, style="rounded,filled", fillcolor="#eef3fb", fontname="Helvetica"];',
+        '  rankdir=TB; dpi=150; nodesep=0.6; ranksep=0.55; fontname="Helvetica";',
+        '  node [shape=box, style="rounded,filled", fillcolor="#eef3fb", fontname="Helvetica", fontsize=14];',
+        '  edge [fontname="Helvetica", fontsize=12, fontcolor="#1f4e99"];',
     ]
     clusters: dict[str, list[str]] = {}
     for node_id in g.nodes:
@@ -74,7 +76,8 @@ def to_dot(g: Graph) -> str:
         else:
             lines += [f"  {d}" for d in decls]
     for e in g.edges:
-        style = ' [style=dashed, label="' + (e.data or "") + '"]' if e.conditional else ""
+        label = f' label=" {e.data} "' if e.data else ""
+        style = f" [style=dashed,{label}]" if e.conditional else ""
         lines.append(f'  "{e.source}" -> "{e.target}"{style};')
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -111,6 +114,11 @@ def _png_matplotlib(g: Graph) -> bytes:
     )
     for e in edges:
         (x1, y1), (x2, y2) = vertices[e.source].view.xy, vertices[e.target].view.xy
+        if e.data:
+            ax.text(
+                (x1 + x2) / 2, -(y1 + y2) / 2, e.data, ha="center", va="center", fontsize=9,
+                color="#1f4e99", bbox={"boxstyle": "round", "fc": "white", "ec": "none"},
+            )  # fmt: skip
         ax.annotate(
             "",
             xy=(x2, -y2),

@@ -243,10 +243,10 @@ def create_speceyes_graph(
             "timings": Overwrite({"intake": time.perf_counter() - t0}),
         }
 
+    # Routers return edge labels (drawn on the workflow picture); the path maps below name
+    # the node each label leads to.
     def after_intake(state: SpecEyesState) -> str:
-        if state.get("error"):
-            return END
-        return _FIRST_NODE[state["settings"]["mode"]]
+        return "invalid" if state.get("error") else state["settings"]["mode"]
 
     # --- phase I ----------------------------------------------------------------------------------
     def judge_node(state: SpecEyesState) -> dict[str, Any]:
@@ -270,8 +270,8 @@ def create_speceyes_graph(
 
     def after_judge(state: SpecEyesState) -> str:
         if state.get("error"):
-            return END
-        return "agent_loop" if state.get("route") == "judged-agentic" else "speculate"
+            return "failed"
+        return "yes" if state.get("route") == "judged-agentic" else "no"
 
     # --- phase II ---------------------------------------------------------------------------------
     def speculate_node(state: SpecEyesState) -> dict[str, Any]:
@@ -309,7 +309,9 @@ def create_speceyes_graph(
         return {"route": "rejected-agentic"}
 
     def after_gate(state: SpecEyesState) -> str:
-        return "agent_loop" if state.get("route") == "rejected-agentic" else END
+        if state.get("route") == "rejected-agentic":
+            return "reject"
+        return "failed" if state.get("error") else "accept"
 
     # --- phase IV ---------------------------------------------------------------------------------
     if agent is not None:
@@ -372,18 +374,22 @@ def create_speceyes_graph(
     graph.add_node("intake", intake)
     graph.add_edge(START, "intake")
     graph.add_conditional_edges(
-        "intake", after_intake, [_FIRST_NODE[m] for m in sorted(available)] + [END]
+        "intake", after_intake, {**{m: _FIRST_NODE[m] for m in sorted(available)}, "invalid": END}
     )
     if speculator is not None:
         graph.add_node("speculate", speculate_node)
         graph.add_node("gate", gate_node)
         graph.add_edge("speculate", "gate")
         graph.add_conditional_edges(
-            "gate", after_gate, (["agent_loop"] if agent is not None else []) + [END]
+            "gate",
+            after_gate,
+            {"accept": END, "failed": END, **({"reject": "agent_loop"} if agent is not None else {})},
         )
     if "speceyes" in available:
         graph.add_node("judge", judge_node)
-        graph.add_conditional_edges("judge", after_judge, ["speculate", "agent_loop", END])
+        graph.add_conditional_edges(
+            "judge", after_judge, {"no": "speculate", "yes": "agent_loop", "failed": END}
+        )
     return graph
 
 

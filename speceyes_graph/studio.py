@@ -93,7 +93,7 @@ def served_models() -> dict[str, Any]:
 
 
 def example_models() -> dict[str, Any]:
-    from speceyes_graph.example import make_example_models
+    from speceyes_graph.demo.example import make_example_models
 
     judge, speculator, agent = make_example_models()
     return {"judge": judge, "speculator": speculator, "agent": agent}

@@ -44,7 +44,7 @@ def gradient_image(tmp_path):
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """Tiny random Qwen3-VL (small) and Qwen2.5-VL (large) checkpoints, built offline."""
-    from speceyes_graph.tiny import make_tiny_models
+    from speceyes_graph.demo.tiny import make_tiny_models
 
     return make_tiny_models(tmp_path_factory.mktemp("tiny"))
 

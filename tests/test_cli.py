@@ -39,6 +39,22 @@ def test_graph_drawing(tmp_path):
     assert "speculate" not in r.stdout and "agent_loop" in r.stdout
 
 
+def test_workflow_edges_are_labelled():
+    from speceyes_graph.cli import _placeholder_graph
+    from speceyes_graph.drawing import to_dot
+
+    g = _placeholder_graph("speceyes", "deepeyes").compile().get_graph(xray=True)
+    labels = {(e.source, e.target): e.data for e in g.edges}
+    assert labels[("judge", "speculate")] == "no"
+    assert labels[("judge", "agent_loop:__start__")] == "yes"
+    assert labels[("gate", "__end__")] == "accept"
+    assert labels[("gate", "agent_loop:__start__")] == "reject"
+    assert labels[("agent_loop:agent", "agent_loop:tools")] == "tool call"
+    dot = to_dot(g)
+    for word in ("yes", "no", "accept", "reject", "tool call"):
+        assert f'label=" {word} "' in dot
+
+
 def test_png_without_graphviz(monkeypatch):
     import shutil
 
@@ -69,7 +85,7 @@ def test_train_demo_smoke(tmp_path):
     from speceyes_graph.models import ChatTransformersVLM
 
     history = json.loads((tmp_path / "t" / "small" / "training_history.json").read_text())
-    assert history["steps"] == 2 and history["tasks"] == ["draft"]
+    assert history["steps"] == 2 and list(history["task_weights"]) == ["draft"]
     model = ChatTransformersVLM(
         model=str(tmp_path / "t" / "small"), top_logprobs=8, max_new_tokens=2
     )

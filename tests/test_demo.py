@@ -37,26 +37,44 @@ def test_fixed_queries_give_the_recorded_routes_and_answers(models, tmp_path):
 
 
 def test_demo_command_end_to_end(tmp_path):
+    out = tmp_path / "d"
     r = subprocess.run(
-        [sys.executable, "-m", "speceyes_graph", "demo", "--n", "12", "--out", str(tmp_path / "d")],
+        [sys.executable, "-m", "speceyes_graph", "demo", "--n", "12", "-o", str(out)],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=ROOT,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert (
-        "agent only" in r.stdout
-        and "SpecEyes" in r.stdout
-        and "speedup" in r.stdout
-        and "routes:" in r.stdout
-    )
-    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
-    assert summary["n"] == 12 and summary["errors"] == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n"] == 12 and summary["errors"] == 0 and summary["n_needs_zoom"] == 4
+    readme = (out / "README.md").read_text()
+    # every figure is printed with its definition, once, with the same value in every file
+    for name in ("beta", "alpha", "tau", "separability", "speedup_wall", "ideal_speedup", "auroc"):
+        assert sum(line.startswith(name + " ") for line in r.stdout.splitlines()) == 1, name
+        assert f"- **{name}**:" in readme
+    report = json.loads((out / "run-speceyes" / "report.json").read_text())["summary"]
+    wall = next(line for line in r.stdout.splitlines() if line.startswith("speedup_wall "))
+    assert f"{report['speedup_wall']:.2f}x" in wall and f"{summary['speedup_wall']:.2f}x" in wall
+    assert "(measured/ideal = " in r.stdout and "= separability 6.49" in r.stdout
+    for mode in ("agent only", "SpecEyes", "small model only"):
+        assert mode in r.stdout
+    assert "writing scenes" in r.stderr and "agent only" in r.stderr  # progress bars
+    gate_md = (out / "gate" / "report.md").read_text()
+    assert gate_md.startswith("# The gate") and "run-small" not in gate_md.splitlines()[0]
     for name in (
         "workflow.png",
         "run-speceyes/report.md",
         "run-agent/records.jsonl",
         "gate/separability_hist.png",
+        "gate/separability_vs_softmax_roc.png",
+        "run-speceyes/accuracy_vs_speedup.png",
     ):
-        assert (tmp_path / "d" / name).exists(), name
+        assert (out / name).exists(), name
+    assert summary["examples"], "no annotated example"
+    for ex in summary["examples"]:
+        assert (out / ex["file"]).exists() and ex["file"] in readme
+    from PIL import Image
+
+    width, height = Image.open(out / "workflow.png").size
+    assert width >= 800 and height >= 800

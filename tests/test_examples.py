@@ -30,7 +30,7 @@ def test_quickstart_on_the_demo_models():
         assert f["route"] in ("speculative", "judged-agentic", "rejected-agentic")
         if f["route"] == "speculative":  # an accepted draft scored above tau and answered
             assert float(f["draft_score"]) > 0.98 and f["answer"] == f["expected"]
-    assert {row[1] for row in lines} == {"large-object", "small-object"}
+    assert {row[1] for row in lines} == {"needs-zoom", "no-zoom"}
 
 
 def test_router_agent():

@@ -40,7 +40,7 @@ TINY_CANNOT = (
 
 @functools.cache
 def tiny() -> dict[str, str]:
-    from speceyes_graph.tiny import make_tiny_models
+    from speceyes_graph.demo.tiny import make_tiny_models
 
     return {k: str(v) for k, v in make_tiny_models(tempfile.mkdtemp(prefix="std-tiny-")).items()}
 

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-from speceyes_graph.tiny import ADDED_TOKENS, SPECIAL_TOKENS, build_tokenizer, make_tiny_models
+from speceyes_graph.demo.tiny import ADDED_TOKENS, SPECIAL_TOKENS, build_tokenizer, make_tiny_models
 
 CLASSES = {
     "small": ("Qwen3VLForConditionalGeneration", "Qwen3VLProcessor", 16),

@@ -7,20 +7,29 @@ from PIL import Image
 
 from speceyes_graph import create_speceyes_graph
 from speceyes_graph.demo import DEMO_GRAPH_SETTINGS
-from speceyes_graph.models import ScriptedChatModel, fake_logprobs, to_hf_messages
-from speceyes_graph.protocol import parse_deepeyes
-from speceyes_graph.training import (
+from speceyes_graph.demo.training import (
+    build_demo_processor,
+    collate,
+    encode,
+    evaluate,
+    held_out_scenes,
+)
+from speceyes_graph.demo.world import (
     COLOURS,
     DEMO_PROMPTS,
+    EDGES,
     LARGE_SPEC,
     SMALL_SPEC,
-    build_demo_processor,
-    cell_bbox,
-    collate,
     conversations,
-    encode,
     make_scene,
+    region_box,
+    tool_call_text,
+    view,
 )
+from speceyes_graph.messages import to_wire
+from speceyes_graph.models import ScriptedChatModel, fake_logprobs, to_hf_messages
+from speceyes_graph.protocol import parse_deepeyes
+from speceyes_tools.vision import resolve_box
 
 
 @pytest.fixture(scope="module")
@@ -28,23 +37,69 @@ def processors():
     return {k: build_demo_processor(k) for k in ("small", "large")}
 
 
-def test_scenes(processors):
+def _inside(box, region):
+    r, c = region
+    x1, y1, x2, y2 = box
+    return EDGES[c] <= x1 and x2 <= EDGES[c + 1] and EDGES[r] <= y1 and y2 <= EDGES[r + 1]
+
+
+def test_scenes():
     rng = np.random.default_rng(0)
-    for small in (True, False) * 10:
-        s = make_scene(rng, small)
+    for tiny in (True, False) * 20:
+        s = make_scene(rng, tiny)
         x1, y1, x2, y2 = s.box
         assert tuple(s.image[(y1 + y2) // 2, (x1 + x2) // 2]) == COLOURS[s.colour]
         assert abs(int(s.image[0, 0, 0]) - int(s.image[0, -1, 0])) >= 18  # the position ramp
-        assert ((x2 - x1) <= 16) == small and sorted(s.options) == sorted(COLOURS)
-        if small:  # the object lies inside the cell the tool call will name
-            bx1, by1, bx2, by2 = (v * 1024 // 112 for v in cell_bbox(s.cell))
-            assert bx1 <= x1 and x2 <= bx2 and by1 <= y1 and y2 <= by2
+        assert ((x2 - x1) <= 16) == tiny and sorted(s.options) == sorted(COLOURS)
+        assert _inside(s.box, s.region) and s.region_name in s.question
+        # the zoom box the agent is taught covers the target's region, in original pixels
+        box = resolve_box(region_box(s.region), s.image, "model", LARGE_SPEC).as_list()
+        assert box[0] <= x1 and box[1] <= y1 and x2 <= box[2] and y2 <= box[3]
+        # three distractor dots elsewhere; in tiny scenes they carry the three other colours
+        present = {c for c, rgb in COLOURS.items() if (s.image == rgb).all(axis=-1).any()}
+        assert present == set(COLOURS) if tiny else s.colour in present
+        r0, c0 = s.region
+        inside = s.image[EDGES[r0] : EDGES[r0 + 1], EDGES[c0] : EDGES[c0 + 1]]
+        others = {c for c, rgb in COLOURS.items() if (inside == rgb).all(axis=-1).any()}
+        assert others == {s.colour}  # the crop shows the target alone
+
+
+def test_tiny_targets_are_small_in_the_models_views():
+    """What the demo world claims: a tiny target is a dot at the models' input, a large one
+    a blob, and the zoomed crop shows the tiny target three times larger."""
+    from speceyes_graph.demo.world import zoomed_crop
+
+    rng = np.random.default_rng(5)
+    for tiny in (True, False) * 5:
+        s = make_scene(rng, tiny)
+        full = view(s.image, SMALL_SPEC).astype(int)  # 128 px: 8 original pixels per pixel
+        bg = np.median(full.reshape(-1, 3), axis=0)
+        r, c = s.region
+        region = full[EDGES[r] // 8 : EDGES[r + 1] // 8, EDGES[c] // 8 : EDGES[c + 1] // 8]
+        marked = (np.abs(region - bg).sum(-1) > 60).sum()
+        crop = view(zoomed_crop(s)[0], LARGE_SPEC).astype(int)  # 112 px of a 338 px region
+        in_crop = (np.abs(crop - bg).sum(-1) > 60).sum()
+        if tiny:
+            assert 1 <= marked <= 6 and 6 <= in_crop <= 40
+        else:
+            assert marked > 200 and in_crop > 1000
+
+
+def test_coordinates_are_single_tokens(processors):
+    tok = processors["large"].tokenizer
+    for r in range(3):
+        for c in range(3):
+            text = tool_call_text((r, c))
+            pieces = tok.convert_ids_to_tokens(tok.encode(text))
+            for v in region_box((r, c)):
+                assert str(v) in pieces
+            assert tok.decode(tok.encode(text)) == text
 
 
 def test_training_prompts_match_what_the_graph_sends(processors, tmp_path):
     """Run the real graph with scripted models that record their prompts; compare renderings."""
     rng = np.random.default_rng(3)
-    scene = make_scene(rng, small=True)
+    scene = make_scene(rng, tiny=True)
     path = tmp_path / "scene.png"
     Image.fromarray(scene.image).save(path)
     convs = conversations(scene)
@@ -67,49 +122,27 @@ def test_training_prompts_match_what_the_graph_sends(processors, tmp_path):
             content="red", response_metadata={"logprobs": fake_logprobs(["red"], [3.0])}
         )
 
-    large_judge = ScriptedChatModel(respond=lambda m: "no")  # first pass: the draft path
+    query = {"question": scene.question, "images": [str(path)], "options": scene.options}
+    common = dict(
+        speculator=ScriptedChatModel(respond=small),
+        agent=ScriptedChatModel(respond=large),
+        prompts=DEMO_PROMPTS,
+        loop=DEMO_GRAPH_SETTINGS["loop"],
+        resize=LARGE_SPEC,
+        speculator_resize=SMALL_SPEC,
+    )
+    # first pass: the draft path (a judge that says no)
     create_speceyes_graph(
-        judge=large_judge,
-        speculator=ScriptedChatModel(respond=small),
-        agent=ScriptedChatModel(respond=large),
-        prompts=DEMO_PROMPTS,
-        loop=DEMO_GRAPH_SETTINGS["loop"],
-        resize=LARGE_SPEC,
-        speculator_resize=SMALL_SPEC,
-        max_agent_steps=1,
-    ).compile().invoke(
-        {
-            "question": "What is the color of the object?",
-            "images": [str(path)],
-            "options": scene.options,
-        }
-    )
-    graph = create_speceyes_graph(
-        judge=ScriptedChatModel(respond=large),
-        speculator=ScriptedChatModel(respond=small),
-        agent=ScriptedChatModel(respond=large),
-        prompts=DEMO_PROMPTS,
-        loop=DEMO_GRAPH_SETTINGS["loop"],
-        resize=LARGE_SPEC,
-        speculator_resize=SMALL_SPEC,
-        speculator_as_judge=False,
-    )
-    out = graph.compile().invoke(
-        {
-            "question": "What is the color of the object?",
-            "images": [str(path)],
-            "options": scene.options,
-        }
-    )
-    assert out["answer"] == scene.colour and out["agent_steps"][0]["tool_calls"][0]["box"] == [
-        scene.cell[1] * 256,
-        scene.cell[0] * 256,
-        scene.cell[1] * 256 + 256,
-        scene.cell[0] * 256 + 256,
-    ]
+        judge=ScriptedChatModel(respond=lambda m: "no"), max_agent_steps=1, **common
+    ).compile().invoke(query)
+    out = create_speceyes_graph(
+        judge=ScriptedChatModel(respond=large), speculator_as_judge=False, **common
+    ).compile().invoke(query)
+    assert out["answer"] == scene.colour
+    x1, y1, x2, y2 = out["agent_steps"][0]["tool_calls"][0]["box"]  # the region, as the tool maps it
+    assert _inside(scene.box, scene.region) and x1 <= scene.box[0] and scene.box[2] <= x2
+    assert y1 <= scene.box[1] and scene.box[3] <= y2 and abs((x2 - x1) - 1024 / 3) < 12
     for task in ("draft", "judge", "zoom", "after_zoom"):
-        from speceyes_graph.messages import to_wire
-
         wire = to_wire(seen[task], "deepeyes", DEMO_PROMPTS.tool_response_instruction, True)
         hf, images = to_hf_messages(wire)
         proc = processors["small" if task == "draft" else "large"]
@@ -118,17 +151,17 @@ def test_training_prompts_match_what_the_graph_sends(processors, tmp_path):
             hf, add_generation_prompt=True, tokenize=False
         ) == proc.apply_chat_template(expected_msgs, add_generation_prompt=True, tokenize=False)
         assert len(images) == len(expected_images)
-        for a, b in zip(images, expected_images, strict=True):
-            assert a.shape == b.shape and np.array_equal(
-                a, b
-            )  # same pixels: resize and crop paths agree
+        for a, b in zip(images, expected_images, strict=True):  # resize and crop paths agree
+            assert a.shape == b.shape and np.array_equal(a, b)
     parsed = parse_deepeyes(convs["zoom"][2], {"image_zoom_in_tool"})
-    assert parsed.tool_calls[0]["args"]["bbox_2d"] == cell_bbox(scene.cell)
+    assert parsed.tool_calls[0]["args"]["bbox_2d"] == region_box(scene.region)
+    think = convs["zoom"][2].split("</think>")[0]
+    assert len(processors["large"].tokenizer.encode(think)) >= 30  # the agent thinks first
 
 
 def test_encode_and_collate(processors):
     proc = processors["large"]
-    scene = make_scene(np.random.default_rng(1), small=True)
+    scene = make_scene(np.random.default_rng(1), tiny=True)
     convs = conversations(scene)
     samples = [encode(proc, *c) for c in convs.values()]
     batch = collate(samples, proc.tokenizer.pad_token_id)
@@ -138,3 +171,13 @@ def test_encode_and_collate(processors):
     after_zoom = samples[list(convs).index("after_zoom")]
     reply = proc.tokenizer.decode([t for t in after_zoom["labels"].tolist() if t != -100])
     assert reply.startswith("<think>") and scene.colour in reply
+
+
+def test_shipped_large_checkpoint_evaluates_on_held_out_scenes():
+    """The training-time evaluation on the shipped checkpoint: each skill well above chance."""
+    from speceyes_graph.demo import demo_models
+
+    model = demo_models(batch_size=16)["large"]
+    metrics = evaluate("large", model.hf_model, model.processor, held_out_scenes(16))
+    assert metrics["judge_tiny"] >= 0.75 and metrics["judge_large"] >= 0.75
+    assert metrics["zoom_tiny"] >= 0.75 and metrics["after_zoom_tiny"] >= 0.6

@@ -48,6 +48,8 @@ DEFINITIONS = {
     "as long; an estimate, not a bound (batching and concurrency can beat it)",
     "speedup_modelled": "the offline sweep's cost model at this run's tau: per query, judge + "
     "draft + (if rejected) the baseline's latency for that query",
+    "auroc": "how well separability ranks the small model's right drafts above its wrong ones "
+    "(1 perfect, 0.5 chance), over its drafts on every query",
     "accuracy": "correct / all queries; an errored query counts as wrong",
     "accuracy_errors_dropped": "correct / queries without error (the published scripts' "
     "denominator)",
@@ -391,7 +393,7 @@ def _fmt(v: Any, spec: str = ".3f") -> str:
 
 def _markdown(report: dict[str, Any]) -> str:
     s = report["summary"]
-    lines = [f"# SpecEyes report: `{report['run']}`", ""]
+    lines = [f"# {report.get('title') or 'SpecEyes report'}", "", f"Run: `{report['run']}`", ""]
     lines += ["| metric | value |", "|---|---|"]
     for key in (
         "n",
@@ -469,6 +471,11 @@ def _markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _gate_tau(report: dict[str, Any]) -> float:
+    tau = report["summary"].get("tau")
+    return float(tau) if isinstance(tau, (int, float)) and 0 < tau < 1 else 0.98
+
+
 def _plots(report: dict[str, Any], out: Path) -> list[str]:
     import matplotlib
 
@@ -478,20 +485,29 @@ def _plots(report: dict[str, Any], out: Path) -> list[str]:
     written = []
     sw = report.get("sweep") or {}
     if sw.get("curves"):
-        fig, ax = plt.subplots(figsize=(6, 4.5))
-        for name, curve in sw["curves"].items():
+        fig, ax = plt.subplots(figsize=(7, 5))
+        styles = [("-", "o"), ("--", "s"), ("-.", "^"), (":", "D"), ((0, (5, 1, 1, 1)), "v")]
+        for i, (name, curve) in enumerate(sw["curves"].items()):
+            ls, marker = styles[i % len(styles)]
             ax.plot(
                 [c["speedup"] for c in curve],
                 [c["accuracy"] for c in curve],
-                marker="o",
-                ms=3,
+                ls=ls,
+                marker=marker,
+                ms=5,
+                mfc="none",
+                lw=1.4,
+                alpha=0.85,
                 label=name,
             )
-        ax.scatter([1.0], [sw["baseline_accuracy"]], color="black", zorder=5, label="agent only")
-        ax.set_xlabel("modelled speedup vs agent only")
+        ax.scatter(
+            [1.0], [sw["baseline_accuracy"]], color="black", marker="*", s=120, zorder=5,
+            label="agent only",
+        )  # fmt: skip
+        ax.set_xlabel("modelled speedup over agent only (higher tau: left)")
         ax.set_ylabel("accuracy")
-        ax.set_title("Accuracy vs speedup over tau")
-        ax.legend(fontsize=8)
+        ax.set_title(f"Accuracy vs modelled speedup as tau varies ({sw['n']} queries)")
+        ax.legend(fontsize=8, title="score:aggregation", title_fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(out / "accuracy_vs_speedup.png", dpi=110)
@@ -506,36 +522,56 @@ def _plots(report: dict[str, Any], out: Path) -> list[str]:
         raw = [aggregate(draft_token_scores(r["draft"]), "min") for r in records]
         right = [s for s, r in zip(raw, records, strict=True) if r["draft_correct"]]
         wrong = [s for s, r in zip(raw, records, strict=True) if not r["draft_correct"]]
-        fig, ax = plt.subplots(figsize=(6, 4))
-        bins = np.linspace(min(raw), max(raw) + 1e-9, 30)
+        tau = _gate_tau(report)
+        tau_raw = math.log(tau / (1 - tau)) / DEFAULT_ALPHA
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        bins = np.linspace(min(min(raw), tau_raw) - 0.5, max(max(raw), tau_raw) + 0.5, 36)
+        ax.hist(right, bins=bins, alpha=0.6, label=f"right drafts ({len(right)})", color="tab:green")
         ax.hist(
-            right, bins=bins, alpha=0.6, label=f"right drafts ({len(right)})", color="tab:green"
-        )
-        ax.hist(wrong, bins=bins, alpha=0.6, label=f"wrong drafts ({len(wrong)})", color="tab:red")
-        tau_raw = math.log(0.98 / 0.02) / DEFAULT_ALPHA
-        ax.axvline(tau_raw, color="black", ls="--", label="tau 0.98")
-        ax.set_xlabel("answer separability (min over tokens)")
+            wrong, bins=bins, alpha=0.6, hatch="//", label=f"wrong drafts ({len(wrong)})",
+            color="tab:red",
+        )  # fmt: skip
+        ax.axvline(
+            tau_raw, color="black", ls="--",
+            label=f"tau = {tau:g} on the gate score = separability {tau_raw:.2f}",
+        )  # fmt: skip
+        ax.set_xlabel("answer separability (min over the answer's tokens)")
         ax.set_ylabel("drafts")
-        ax.legend()
+        ax.set_title("Draft separability: accepted right of the dashed line")
+        top = ax.secondary_xaxis(
+            "top",
+            functions=(
+                lambda x: 1 / (1 + np.exp(-DEFAULT_ALPHA * np.asarray(x, float))),
+                lambda p: np.log(np.clip(p, 1e-9, 1 - 1e-9) / (1 - np.clip(p, 1e-9, 1 - 1e-9)))
+                / DEFAULT_ALPHA,
+            ),
+        )
+        top.set_xlabel(f"gate score = sigmoid({DEFAULT_ALPHA:g} x separability)", fontsize=9)
+        ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out / "separability_hist.png", dpi=110)
         plt.close(fig)
         written.append("separability_hist.png")
         labels = [bool(r["draft_correct"]) for r in records]
         if 0 < sum(labels) < len(labels):
-            fig, ax = plt.subplots(figsize=(4.5, 4.5))
-            for name, scores in (
-                ("separability (min)", raw),
+            fig, ax = plt.subplots(figsize=(5, 5))
+            for (name, scores), ls in zip(
                 (
-                    "softmax confidence",
-                    [_draft_score(r["draft"], "min", "softmax") for r in records],
+                    ("separability (min)", raw),
+                    (
+                        "softmax confidence",
+                        [_draft_score(r["draft"], "min", "softmax") for r in records],
+                    ),
                 ),
+                ("-", "--"),
+                strict=True,
             ):
                 fpr, tpr = _roc(scores, labels)
-                ax.plot(fpr, tpr, label=f"{name}: AUROC {auroc(scores, labels):.3f}")
-            ax.plot([0, 1], [0, 1], color="grey", ls=":")
+                ax.plot(fpr, tpr, ls=ls, label=f"{name}: AUROC {auroc(scores, labels):.3f}")
+            ax.plot([0, 1], [0, 1], color="grey", ls=":", label="chance")
             ax.set_xlabel("false positive rate (wrong drafts accepted)")
             ax.set_ylabel("true positive rate (right drafts accepted)")
+            ax.set_title(f"Which score tells right drafts from wrong ({len(labels)} drafts)")
             ax.legend(fontsize=8)
             fig.tight_layout()
             fig.savefig(out / "separability_vs_softmax_roc.png", dpi=110)
@@ -565,9 +601,11 @@ def write_report(
     *,
     scoring: str = "strict",
     judge: Any = None,
+    title: str | None = None,
 ) -> dict[str, Any]:
     """Write report.md, report.json and PNG plots; returns the report (without records)."""
     report = build_report(run_dir, baseline_dir, scoring=scoring, judge=judge)
+    report["title"] = title
     out = Path(out_dir or run_dir)
     out.mkdir(parents=True, exist_ok=True)
     report["plots"] = _plots(report, out)

@@ -222,10 +222,12 @@ def run_benchmark(
     progress: bool = True,
     total: int | None = None,
     schedule: Callable[[list[BenchQuery]], list[dict]] | None = None,
+    desc: str | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) a benchmark; returns this session's summary.
 
-    ``total`` (the number of queries, if known) gives the progress bar its length and ETA.
+    ``total`` (the number of queries, if known) gives the progress bar its length and ETA;
+    ``desc`` its label (default ``bench MODE``).
     On Ctrl-C the queries not yet started are dropped, every finished one is already on
     disk, and the summary says ``interrupted``. By default queries run concurrently
     (``concurrency`` in flight through ``graph.invoke``); ``schedule`` (e.g.
@@ -237,12 +239,13 @@ def run_benchmark(
     with _exclusive(out):
         return _run_locked(
             graph, queries, out, mode, concurrency, limit, retry_errors, settings, progress,
-            total, schedule,
+            total, schedule, desc,
         )  # fmt: skip
 
 
 def _run_locked(
-    graph, queries, out, mode, concurrency, limit, retry_errors, settings, progress, total, schedule
+    graph, queries, out, mode, concurrency, limit, retry_errors, settings, progress, total, schedule,
+    desc=None,
 ) -> dict[str, Any]:
     existing = read_records(out, repair=True)
     if retry_errors and any(r.get("error") for r in existing):
@@ -266,7 +269,7 @@ def _run_locked(
         from tqdm import tqdm
 
         left = max(0, total - len(done)) if total is not None else None
-        bar = tqdm(total=left, desc=f"bench {mode}", unit="q", dynamic_ncols=True)
+        bar = tqdm(total=left, desc=desc or f"bench {mode}", unit="q", dynamic_ncols=True)
     t0 = time.perf_counter()
     written = 0
     interrupted = False

@@ -169,7 +169,9 @@ def _corpus(extra: Sequence[str] = ()) -> list[str]:
     return [line for _ in range(4) for line in (*_CORPUS_LINES, *extra)]
 
 
-def build_tokenizer(vocab_size: int = 768, extra_corpus: Sequence[str] = ()) -> Any:
+def build_tokenizer(
+    vocab_size: int = 768, extra_corpus: Sequence[str] = (), extra_tokens: Sequence[str] = ()
+) -> Any:
     """Train a byte-level BPE locally and wrap it as a ``Qwen2Tokenizer``.
 
     It uses Qwen2's exact normalizer / pre-tokenizer / decoder, because transformers 5 rebuilds
@@ -177,6 +179,8 @@ def build_tokenizer(vocab_size: int = 768, extra_corpus: Sequence[str] = ()) -> 
     after a save/load round trip. The full byte alphabet makes every string encodable, and the
     ByteLevel decoder makes ``decode(encode(s)) == s``. Left padding is set here, and saved,
     because batched generation with right padding appends after the pad tokens.
+    ``extra_tokens`` become whole tokens wherever they stand as a word (the demo's box
+    coordinates: Qwen's pre-tokenizer otherwise splits numbers into single digits).
     """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import AddedToken, Qwen2Tokenizer
@@ -220,6 +224,9 @@ def build_tokenizer(vocab_size: int = 768, extra_corpus: Sequence[str] = ()) -> 
         {"additional_special_tokens": [AddedToken(t, special=True) for t in SPECIAL_TOKENS]}
     )
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
+    tok.add_tokens(
+        [AddedToken(t, special=False, normalized=False, single_word=True) for t in extra_tokens]
+    )
     tok.chat_template = QWEN_CHAT_TEMPLATE
     return tok
 

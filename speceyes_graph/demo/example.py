@@ -1,8 +1,8 @@
 """The built-in offline example: the real graph, real tools, scripted models.
 
-Until trained demo checkpoints ship, ``speceyes example`` shows the workflow end to end on
-synthetic images without any weights: the judge, speculator and agent are
-:class:`~speceyes_graph.scripted.ScriptedChatModel` instances with fixed rules (the models
+``speceyes example`` shows the workflow end to end on synthetic images without any weights
+(the trained demo checkpoints are ``speceyes demo``'s): the judge, speculator and agent are
+:class:`~speceyes_graph.models.ScriptedChatModel` instances with fixed rules (the models
 are scripted; the graph, the gate, the tools and the coordinate mapping are real). The
 scripted agent reads its answer from the pixels of the crop the zoom tool returns, so a
 wrong box or a broken mapping gives a wrong answer.
@@ -21,8 +21,8 @@ import numpy as np
 from langchain_core.messages import AIMessage, BaseMessage
 from PIL import Image, ImageDraw
 
-from .graph import create_speceyes_graph
-from .models.scripted import ScriptedChatModel, fake_logprobs
+from ..graph import create_speceyes_graph
+from ..models.scripted import ScriptedChatModel, fake_logprobs
 
 __all__ = ["EXAMPLE_QUERIES", "make_example_models", "make_example_scenes", "run_example"]
 
