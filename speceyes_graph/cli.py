@@ -266,9 +266,9 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
         ctx.Process(
             target=train_demo,
             args=(args.out, k),
-            kwargs={**kwargs, "minutes": minutes[k], "threads": 1},
+            kwargs={**kwargs, "minutes": minutes[k], "threads": 1, "position": i},
         )
-        for k in kinds
+        for i, k in enumerate(kinds)
     ]
     for p in procs:
         p.start()

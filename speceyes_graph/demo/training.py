@@ -134,7 +134,7 @@ def build_demo_model(kind: str, tok: Any, seed: int) -> Any:
 # Share of batches per task once the colour stage is over (each batch holds one task).
 TASK_WEIGHTS = {
     "small": {"draft": 1.0},
-    "large": {"judge": 0.15, "zoom": 0.25, "after_zoom": 0.35, "colour_crop": 0.15, "colour_full": 0.10},
+    "large": {"judge": 0.15, "zoom": 0.25, "after_zoom": 0.35, "colour_crop": 0.15, "colour_full": 0.1},
 }
 COLOUR_STAGE = {"small": {}, "large": {"colour_crop": 0.6, "colour_full": 0.4}}
 
@@ -282,30 +282,55 @@ def train_demo(
     eval_every: int = 250,
     threads: int | None = None,
     max_steps: int | None = None,
-    log: Callable[[str], None] = print,
+    progress: bool = True,
+    position: int = 0,
+    init_from: str | Path | None = None,
+    task_weights: dict[str, float] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> Path:
     """Train one demo checkpoint for a wall-clock budget (or ``max_steps``); keep the best.
 
     The learning rate warms up over ``warmup`` steps, then decays on a cosine to a tenth
     over the budget (by the clock, or by steps when they are fixed: bit-reproducible).
-    The large model spends its first ``colour_steps`` on colour alone.
+    The large model spends its first ``colour_steps`` on colour alone. A progress bar
+    (``position`` stacks the bars of parallel trainings) runs over the steps or seconds;
+    ``log`` receives the loss and evaluation lines (default: printed above the bar).
+    ``init_from`` continues from a saved checkpoint (a second stage, with its own
+    ``task_weights``, usually a lower ``lr`` and ``colour_steps=0``).
     """
     import torch
+    from tqdm import tqdm
 
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
     out = Path(out_dir) / kind
-    processor = build_demo_processor(kind)
-    model = build_demo_model(kind, processor.tokenizer, seed)
+    if init_from is not None:
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(init_from)
+        model = AutoModelForImageTextToText.from_pretrained(init_from)
+    else:
+        processor = build_demo_processor(kind)
+        model = build_demo_model(kind, processor.tokenizer, seed)
+    weights = task_weights or TASK_WEIGHTS[kind]
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"[{kind}] {type(model).__name__}: {n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} threads")
+    (log or print)(f"[{kind}] {type(model).__name__}: {n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} threads")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     rng = np.random.default_rng(seed)
-    main = batches(processor, rng, TASK_WEIGHTS[kind], batch_size)
-    first = batches(processor, rng, COLOUR_STAGE[kind], batch_size) if COLOUR_STAGE[kind] else None
+    main = batches(processor, rng, weights, batch_size)
+    first = batches(processor, rng, COLOUR_STAGE[kind], batch_size) if colour_steps and COLOUR_STAGE[kind] else None
     scenes = held_out_scenes()
     budget = minutes * 60
+    bar = tqdm(
+        total=max_steps or round(budget),
+        unit="step" if max_steps else "s",
+        desc=f"train {kind}",
+        position=position,
+        dynamic_ncols=True,
+        disable=not progress,
+    )
+    say = log or bar.write
     t0 = time.time()
     step, best, history = 0, -1.0, []
     losses: dict[str, list[float]] = {}
@@ -329,19 +354,21 @@ def train_demo(
         opt.step()
         step += 1
         losses.setdefault(task, []).append(loss.item())
+        bar.update(1 if max_steps else min(round(budget), round(time.time() - t0)) - bar.n)
         if step % 25 == 0:
             mean = ", ".join(f"{t} {np.mean(v[-10:]):.3f}" for t, v in sorted(losses.items()))
-            log(f"[{kind}] step {step} lr {opt.param_groups[0]['lr']:.2e} {time.time() - t0:.0f}s loss {mean}")
+            say(f"[{kind}] step {step} lr {opt.param_groups[0]['lr']:.2e} {time.time() - t0:.0f}s loss {mean}")
         if step % eval_every == 0 or progress() >= 1.0:
             model.eval()
             metrics = evaluate(kind, model, processor, scenes)
             model.train()
             score = _selection_score(kind, metrics)
             history.append({"step": step, "seconds": round(time.time() - t0, 1), "score": score, **metrics})
-            log(f"[{kind}] eval step {step}: score {score:.3f} " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+            say(f"[{kind}] eval step {step}: score {score:.3f} " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
             if score >= best:  # ties: the later, longer-trained checkpoint
                 best = score
                 _save(model, processor, out)
+    bar.close()
     if best < 0:  # the budget ended before the first evaluation
         _save(model, processor, out)
     record = {
@@ -352,12 +379,19 @@ def train_demo(
         "batch_size": batch_size,
         "lr": lr,
         "colour_steps": colour_steps,
-        "task_weights": TASK_WEIGHTS[kind],
+        "task_weights": weights,
+        "init_from": str(init_from) if init_from else None,
+        "previous_stage": _history(init_from) if init_from else None,
         "best_score": best,
         "history": history,
     }
     (out / "training_history.json").write_text(json.dumps(record, indent=1))
     return out
+
+
+def _history(checkpoint: str | Path) -> dict | None:
+    path = Path(checkpoint) / "training_history.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _save(model: Any, processor: Any, out: Path) -> None:
