@@ -18,7 +18,7 @@ from speceyes_graph.models import ChatTransformersVLM
 
 paths = demo_checkpoints()
 small = ChatTransformersVLM(model=str(paths["small"]), top_logprobs=64, max_new_tokens=8)
-large = ChatTransformersVLM(model=str(paths["large"]), max_new_tokens=128)
+large = ChatTransformersVLM(model=str(paths["large"]), max_new_tokens=256)  # ~140-token turns
 graph = create_speceyes_graph(speculator=small, agent=large, **DEMO_GRAPH_SETTINGS).compile()
 
 queries = demo_queries(Path(tempfile.mkdtemp()), 3, zoom_share=1 / 3, seed=1)

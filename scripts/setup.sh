@@ -32,7 +32,7 @@ apt_install() {
 fingerprint() { cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1; }
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(fingerprint)" ] \
    && command -v tesseract >/dev/null 2>&1 \
-   && "$VPY" -c "import torch, torchvision, speceyes_graph" >/dev/null 2>&1; then
+   && "$VPY" -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('torch', 'torchvision', 'speceyes_graph')))" >/dev/null 2>&1; then
   say "up to date ($VENV)"
   exit 0
 fi

@@ -305,9 +305,7 @@ def create_agent_loop(
         {"tool call": "tools", "malformed": "correct", "answer": "finish", "step limit": "finish"},
     )
     graph.add_edge("correct", "agent")
-    graph.add_conditional_edges(
-        "tools", after_tools, {"continue": "agent", "step limit": "finish"}
-    )
+    graph.add_conditional_edges("tools", after_tools, {"continue": "agent", "step limit": "finish"})
     graph.add_edge("finish", END)
     return graph
 

@@ -255,7 +255,9 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
 
     kinds = [k.strip() for k in args.models.split(",") if k.strip()]
     if not kinds or set(kinds) - {"small", "large"}:
-        raise SystemExit(f"speceyes train-demo: --models takes small, large or small,large, not {args.models!r}")
+        raise SystemExit(
+            f"speceyes train-demo: --models takes small, large or small,large, not {args.models!r}"
+        )
     minutes = {"large": args.minutes, "small": args.small_minutes}
     kwargs = {"seed": args.seed, "max_steps": args.steps}
     if len(kinds) == 1:
@@ -313,7 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--out", default="speceyes-demo", help="output folder (default: ./speceyes-demo)"
     )
     p.add_argument(
-        "--n", type=int, default=60, help="number of held-out queries (the README's figures use 300)"
+        "--n",
+        type=int,
+        default=60,
+        help="number of held-out queries (the README's figures use 300)",
     )
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument(

@@ -383,7 +383,11 @@ def create_speceyes_graph(
         graph.add_conditional_edges(
             "gate",
             after_gate,
-            {"accept": END, "failed": END, **({"reject": "agent_loop"} if agent is not None else {})},
+            {
+                "accept": END,
+                "failed": END,
+                **({"reject": "agent_loop"} if agent is not None else {}),
+            },
         )
     if "speceyes" in available:
         graph.add_node("judge", judge_node)

@@ -29,6 +29,7 @@ class ScriptedGenerate:
 
     def generate(self, input_ids, attention_mask=None, *, max_new_tokens, pad_token_id,
                  streamer=None, output_logits=False, **_):  # fmt: skip
+        delay_s = self.delay_s  # as set when this generation started (a later change is for later ones)
         replies = []
         for row, mask in zip(input_ids, attention_mask, strict=True):
             prompt = self.tokenizer.decode(row[mask.bool()], skip_special_tokens=False)
@@ -42,11 +43,11 @@ class ScriptedGenerate:
         if streamer is not None:
             streamer.put(input_ids)
             for step in range(width):
-                time.sleep(self.delay_s)
+                time.sleep(delay_s)
                 streamer.put(generated[:, step])
             streamer.end()
-        elif self.delay_s:
-            time.sleep(self.delay_s * width)
+        elif delay_s:
+            time.sleep(delay_s * width)
         logits = None
         if output_logits:  # the chosen token far ahead of a flat rest
             vocab = len(self.tokenizer)

@@ -19,6 +19,7 @@ from speceyes_graph.demo.world import (
     DEMO_PROMPTS,
     EDGES,
     LARGE_SPEC,
+    REGIONS,
     SMALL_SPEC,
     conversations,
     make_scene,
@@ -96,6 +97,21 @@ def test_coordinates_are_single_tokens(processors):
             assert tok.decode(tok.encode(text)) == text
 
 
+def test_region_names_are_single_tokens_after_a_save(processors, tmp_path):
+    """Each region name the agent must copy from the question into its box is one token,
+    also after the save/load round trip the shipped checkpoints go through."""
+    from transformers import AutoTokenizer
+
+    processors["large"].tokenizer.save_pretrained(tmp_path)
+    for tok in (processors["large"].tokenizer, AutoTokenizer.from_pretrained(tmp_path)):
+        for row in REGIONS:
+            for name in row:
+                text = f"What is the color of the object in the {name} region?"
+                pieces = tok.convert_ids_to_tokens(tok.encode(text))
+                assert sum(name in p for p in pieces) == 1, pieces
+                assert tok.decode(tok.encode(text)) == text
+
+
 def test_training_prompts_match_what_the_graph_sends(processors, tmp_path):
     """Run the real graph with scripted models that record their prompts; compare renderings."""
     rng = np.random.default_rng(3)
@@ -135,11 +151,17 @@ def test_training_prompts_match_what_the_graph_sends(processors, tmp_path):
     create_speceyes_graph(
         judge=ScriptedChatModel(respond=lambda m: "no"), max_agent_steps=1, **common
     ).compile().invoke(query)
-    out = create_speceyes_graph(
-        judge=ScriptedChatModel(respond=large), speculator_as_judge=False, **common
-    ).compile().invoke(query)
+    out = (
+        create_speceyes_graph(
+            judge=ScriptedChatModel(respond=large), speculator_as_judge=False, **common
+        )
+        .compile()
+        .invoke(query)
+    )
     assert out["answer"] == scene.colour
-    x1, y1, x2, y2 = out["agent_steps"][0]["tool_calls"][0]["box"]  # the region, as the tool maps it
+    x1, y1, x2, y2 = out["agent_steps"][0]["tool_calls"][0][
+        "box"
+    ]  # the region, as the tool maps it
     assert _inside(scene.box, scene.region) and x1 <= scene.box[0] and scene.box[2] <= x2
     assert y1 <= scene.box[1] and scene.box[3] <= y2 and abs((x2 - x1) - 1024 / 3) < 12
     for task in ("draft", "judge", "zoom", "after_zoom"):

@@ -526,7 +526,9 @@ def _plots(report: dict[str, Any], out: Path) -> list[str]:
         tau_raw = math.log(tau / (1 - tau)) / DEFAULT_ALPHA
         fig, ax = plt.subplots(figsize=(7, 4.5))
         bins = np.linspace(min(min(raw), tau_raw) - 0.5, max(max(raw), tau_raw) + 0.5, 36)
-        ax.hist(right, bins=bins, alpha=0.6, label=f"right drafts ({len(right)})", color="tab:green")
+        ax.hist(
+            right, bins=bins, alpha=0.6, label=f"right drafts ({len(right)})", color="tab:green"
+        )
         ax.hist(
             wrong, bins=bins, alpha=0.6, hatch="//", label=f"wrong drafts ({len(wrong)})",
             color="tab:red",
@@ -542,8 +544,10 @@ def _plots(report: dict[str, Any], out: Path) -> list[str]:
             "top",
             functions=(
                 lambda x: 1 / (1 + np.exp(-DEFAULT_ALPHA * np.asarray(x, float))),
-                lambda p: np.log(np.clip(p, 1e-9, 1 - 1e-9) / (1 - np.clip(p, 1e-9, 1 - 1e-9)))
-                / DEFAULT_ALPHA,
+                lambda p: (
+                    np.log(np.clip(p, 1e-9, 1 - 1e-9) / (1 - np.clip(p, 1e-9, 1 - 1e-9)))
+                    / DEFAULT_ALPHA
+                ),
             ),
         )
         top.set_xlabel(f"gate score = sigmoid({DEFAULT_ALPHA:g} x separability)", fontsize=9)

@@ -244,7 +244,17 @@ def run_benchmark(
 
 
 def _run_locked(
-    graph, queries, out, mode, concurrency, limit, retry_errors, settings, progress, total, schedule,
+    graph,
+    queries,
+    out,
+    mode,
+    concurrency,
+    limit,
+    retry_errors,
+    settings,
+    progress,
+    total,
+    schedule,
     desc=None,
 ) -> dict[str, Any]:
     existing = read_records(out, repair=True)

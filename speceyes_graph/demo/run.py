@@ -118,7 +118,7 @@ def demo_models(batch_size: int = 16, paths: dict[str, Path] | None = None) -> d
             model=str(paths["small"]), top_logprobs=64, max_new_tokens=8, max_batch_size=batch_size
         ),
         "large": ChatTransformersVLM(
-            model=str(paths["large"]), max_new_tokens=128, max_batch_size=batch_size
+            model=str(paths["large"]), max_new_tokens=256, max_batch_size=batch_size
         ),
     }
 
@@ -182,10 +182,13 @@ def run_demo(
             queries,
             run_dir,
             mode=mode,
-            concurrency=2 * batch_size,
+            # enough queries in flight that the agent's batches fill while the judge and
+            # drafts take their turns (the same for every mode)
+            concurrency=4 * batch_size,
             progress=progress,
             total=n,
             desc=f"{LABELS[mode]:<16}",
+            settings=_recorded_settings(batch_size, 4 * batch_size),
         )
     report = write_report(
         out / "run-speceyes", out / "run-agent", title="SpecEyes against the agent-only baseline"
@@ -212,6 +215,21 @@ def run_demo(
     return summary
 
 
+def _recorded_settings(batch_size: int, concurrency: int) -> dict[str, Any]:
+    """What run.json records, as ``speceyes bench`` does (the report reads the gate from it)."""
+    gate = DEMO_GRAPH_SETTINGS["gate"]
+    return {
+        "threshold": gate.tau,
+        "aggregation": gate.aggregation,
+        "top_k": gate.k,
+        "max_agent_steps": DEMO_GRAPH_SETTINGS.get("max_agent_steps"),
+        "batch_size": batch_size,
+        "concurrency": concurrency,
+        "small": "demo",
+        "large": "demo",
+    }
+
+
 # --- the summary: one number per definition ------------------------------------------------------
 
 
@@ -223,7 +241,7 @@ def _split_accuracy(records: list[dict], split: str) -> float | None:
 def _summary(report: dict, gate: dict, records: dict[str, list[dict]]) -> dict[str, Any]:
     s, b = report["summary"], report["baseline"]["summary"]
     small = gate["summary"]
-    tau = s.get("tau") if s.get("tau") is not None else GateConfig().tau
+    tau = s["tau"]
     rows = {}
     for mode, summ in (("agent", b), ("speceyes", s), ("small", small)):
         rows[mode] = {
@@ -328,12 +346,13 @@ def summary_text(summary: dict[str, Any]) -> str:
 
 
 def _readme(summary: dict[str, Any], text: str) -> str:
-    return f"""# speceyes demo output
+    return (
+        f"""# speceyes demo output
 
 SpecEyes (judge -> speculate -> gate -> agent loop) against the agent-only baseline on
-{summary['n']} held-out queries of the demo world: one coloured object in a 1024 px scene, in
+{summary["n"]} held-out queries of the demo world: one coloured object in a 1024 px scene, in
 the region the question names. Large objects can be seen at the models' 112-128 px input;
-tiny ones ({summary['n_needs_zoom']} queries) only after zooming. The large model (Qwen2.5-VL,
+tiny ones ({summary["n_needs_zoom"]} queries) only after zooming. The large model (Qwen2.5-VL,
 2.75M parameters) judges and, as the agent, thinks, zooms on the region and answers; the small
 one (Qwen3-VL, 1.4M parameters) drafts answers. Both were trained on a CPU with
 `speceyes train-demo`. Timings are this machine's, with cross-query batching.
@@ -355,7 +374,10 @@ one (Qwen3-VL, 1.4M parameters) drafts answers. Both were trained on a CPU with
 
 ## Definitions
 
-""" + "\n".join(f"- **{k}**: {v}." for k, v in summary["definitions"].items()) + "\n"
+"""
+        + "\n".join(f"- **{k}**: {v}." for k, v in summary["definitions"].items())
+        + "\n"
+    )
 
 
 # --- annotated examples ---------------------------------------------------------------------------

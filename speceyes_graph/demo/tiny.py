@@ -180,7 +180,8 @@ def build_tokenizer(
     ByteLevel decoder makes ``decode(encode(s)) == s``. Left padding is set here, and saved,
     because batched generation with right padding appends after the pad tokens.
     ``extra_tokens`` become whole tokens wherever they stand as a word (the demo's box
-    coordinates: Qwen's pre-tokenizer otherwise splits numbers into single digits).
+    coordinates: Qwen's pre-tokenizer otherwise splits numbers into single digits); one that
+    starts with a space (" top-left") matches with that space, after any word.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import AddedToken, Qwen2Tokenizer
@@ -224,11 +225,17 @@ def build_tokenizer(
         {"additional_special_tokens": [AddedToken(t, special=True) for t in SPECIAL_TOKENS]}
     )
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
-    tok.add_tokens(
-        [AddedToken(t, special=False, normalized=False, single_word=True) for t in extra_tokens]
-    )
+    tok.add_tokens([_added(t) for t in extra_tokens])
     tok.chat_template = QWEN_CHAT_TEMPLATE
     return tok
+
+
+def _added(token: str) -> Any:
+    """An added token as ``build_tokenizer`` adds it (single-word matching would never match
+    a token that starts with a space)."""
+    from transformers import AddedToken
+
+    return AddedToken(token, special=False, normalized=False, single_word=not token.startswith(" "))
 
 
 def _token_ids(tok: Any) -> dict[str, int]:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .world import (
-    COORDINATE_TOKENS,
+    DEMO_TOKENS,
     LARGE_SPEC,
     SMALL_SPEC,
     Scene,
@@ -55,7 +55,7 @@ def build_demo_processor(kind: str) -> Any:
     """Tokenizer + real processor classes, normalised around the light background."""
     from .tiny import _processor, build_tokenizer
 
-    tok = build_tokenizer(1024, corpus(), extra_tokens=COORDINATE_TOKENS)
+    tok = build_tokenizer(1024, corpus(), extra_tokens=DEMO_TOKENS)
     spec = LARGE_SPEC if kind == "large" else SMALL_SPEC
     proc = _processor(kind, tok, spec.min_pixels, spec.max_pixels)
     proc.image_processor.image_mean = [0.9, 0.9, 0.9]
@@ -134,7 +134,13 @@ def build_demo_model(kind: str, tok: Any, seed: int) -> Any:
 # Share of batches per task once the colour stage is over (each batch holds one task).
 TASK_WEIGHTS = {
     "small": {"draft": 1.0},
-    "large": {"judge": 0.15, "zoom": 0.25, "after_zoom": 0.35, "colour_crop": 0.15, "colour_full": 0.1},
+    "large": {
+        "judge": 0.15,
+        "zoom": 0.25,
+        "after_zoom": 0.35,
+        "colour_crop": 0.15,
+        "colour_full": 0.1,
+    },
 }
 COLOUR_STAGE = {"small": {}, "large": {"colour_crop": 0.6, "colour_full": 0.4}}
 
@@ -236,7 +242,7 @@ def evaluate(kind: str, model: Any, processor: Any, scenes: list[Scene]) -> dict
                 padding=True,
             )
             with torch.inference_mode():
-                out = model.generate(**inputs, max_new_tokens=96, do_sample=False)
+                out = model.generate(**inputs, max_new_tokens=192, do_sample=False)
             texts = tok.batch_decode(
                 out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True
             )
@@ -310,16 +316,23 @@ def train_demo(
 
         processor = AutoProcessor.from_pretrained(init_from)
         model = AutoModelForImageTextToText.from_pretrained(init_from)
+        _add_missing_tokens(processor, model)
     else:
         processor = build_demo_processor(kind)
         model = build_demo_model(kind, processor.tokenizer, seed)
     weights = task_weights or TASK_WEIGHTS[kind]
     n_params = sum(p.numel() for p in model.parameters())
-    (log or print)(f"[{kind}] {type(model).__name__}: {n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} threads")
+    (log or print)(
+        f"[{kind}] {type(model).__name__}: {n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} threads"
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     rng = np.random.default_rng(seed)
     main = batches(processor, rng, weights, batch_size)
-    first = batches(processor, rng, COLOUR_STAGE[kind], batch_size) if colour_steps and COLOUR_STAGE[kind] else None
+    first = (
+        batches(processor, rng, COLOUR_STAGE[kind], batch_size)
+        if colour_steps and COLOUR_STAGE[kind]
+        else None
+    )
     scenes = held_out_scenes()
     budget = minutes * 60
     bar = tqdm(
@@ -357,14 +370,21 @@ def train_demo(
         bar.update(1 if max_steps else min(round(budget), round(time.time() - t0)) - bar.n)
         if step % 25 == 0:
             mean = ", ".join(f"{t} {np.mean(v[-10:]):.3f}" for t, v in sorted(losses.items()))
-            say(f"[{kind}] step {step} lr {opt.param_groups[0]['lr']:.2e} {time.time() - t0:.0f}s loss {mean}")
+            say(
+                f"[{kind}] step {step} lr {opt.param_groups[0]['lr']:.2e} {time.time() - t0:.0f}s loss {mean}"
+            )
         if step % eval_every == 0 or progress() >= 1.0:
             model.eval()
             metrics = evaluate(kind, model, processor, scenes)
             model.train()
             score = _selection_score(kind, metrics)
-            history.append({"step": step, "seconds": round(time.time() - t0, 1), "score": score, **metrics})
-            say(f"[{kind}] eval step {step}: score {score:.3f} " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+            history.append(
+                {"step": step, "seconds": round(time.time() - t0, 1), "score": score, **metrics}
+            )
+            say(
+                f"[{kind}] eval step {step}: score {score:.3f} "
+                + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+            )
             if score >= best:  # ties: the later, longer-trained checkpoint
                 best = score
                 _save(model, processor, out)
@@ -387,6 +407,18 @@ def train_demo(
     }
     (out / "training_history.json").write_text(json.dumps(record, indent=1))
     return out
+
+
+def _add_missing_tokens(processor: Any, model: Any) -> None:
+    """A checkpoint from before a world token was added gets it (a new embedding row, the
+    mean of the others), so a second stage can continue an earlier checkpoint."""
+    from .tiny import _added
+
+    vocab = processor.tokenizer.get_vocab()
+    missing = [t for t in DEMO_TOKENS if t not in vocab]
+    if missing:
+        processor.tokenizer.add_tokens([_added(t) for t in missing])
+        model.resize_token_embeddings(len(processor.tokenizer))
 
 
 def _history(checkpoint: str | Path) -> dict | None:

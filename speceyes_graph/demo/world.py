@@ -78,6 +78,11 @@ SMALL_SPEC = ResizeSpec(factor=32, min_pixels=128 * 128, max_pixels=128 * 128)
 MODEL_EDGES = (0, 37, 75, 112)
 EDGES = tuple(round(e * CANVAS / 112) for e in MODEL_EDGES)  # (0, 338, 686, 1024)
 COORDINATE_TOKENS = tuple(str(e) for e in MODEL_EDGES if e >= 10)
+# Two-word region names are single tokens too (with their leading space, as they always stand
+# after "the"): split as "top" + "-left", the tiny agent never learned to copy "-left" rather
+# than "-right" from the question (measured: every top-left and bottom-left box on the right).
+REGION_TOKENS = tuple(f" {name}" for row in REGIONS for name in row if "-" in name)
+DEMO_TOKENS = COORDINATE_TOKENS + REGION_TOKENS
 TINY_SIDE = (12, 16)
 LARGE_SIDE = (150, 280)
 MARGIN = 20  # keeps the object inside its region's crop whatever the rounding
@@ -96,21 +101,28 @@ DEMO_PROMPTS = Prompts(
     agent_suffix="\nThink, zoom in on the region, then answer.",
     tool_response_instruction="\nAnswer.",
 )
-# Reasoning the agent writes before each action: about 35 tokens before the zoom and 20
-# before the answer, the length of a short DeepEyes turn.
+# Reasoning the agent writes before each action: about 100 tokens before the zoom and 65
+# before the answer (DeepEyes writes a few hundred per turn). The judge's cost is one short
+# generation, so the agent's length is what the speculative path saves.
 THINK_ZOOM = {
     True: (
-        "<think>The question asks about the object in the {region} region. It is too small to "
-        "make out at this resolution, so I will zoom in on that region to see its color.</think>\n"
+        "<think>The question asks about the object in the {region} region. Looking at that part "
+        "of the image, I can only see a small mark there, and other small marks elsewhere in the "
+        "image. It is too small to make out its color at this resolution, and guessing could be "
+        "wrong, so I will zoom in on the {region} region to see the object clearly before I "
+        "answer.</think>\n"
     ),
     False: (
-        "<think>The question asks about the object in the {region} region. I can see a large "
-        "object there, but I will zoom in on that region to check its color.</think>\n"
+        "<think>The question asks about the object in the {region} region. Looking at that part "
+        "of the image, I can see a large object there, and its shape is clear even at this "
+        "resolution. To be sure of its color before I answer, I will zoom in on the {region} "
+        "region and look at the object closely.</think>\n"
     ),
 }
 THINK_ANSWER = (
-    "<think>The zoomed view of the {region} region shows the object clearly. "
-    "Its color is {colour}.</think>\n"
+    "<think>The zoomed view of the {region} region shows the object clearly against the light "
+    "background, with nothing else in that part of the image to confuse it with. "
+    "Its color is {colour}, so that is my answer.</think>\n"
 )
 
 
