@@ -6,8 +6,8 @@
 #
 # Installs Tesseract and Graphviz (apt), python3-venv if venv is missing, PyTorch if the
 # Python you set up from does not have it already (torch==2.14.1, torchvision==0.29.1,
-# about 5.5 GB; an existing install, e.g. your CUDA build, is reused through
-# --system-site-packages), then this package with its dev extras.
+# about 3.5 GB to download, 6 GB on disk; an existing install, e.g. your CUDA build, is
+# reused through --system-site-packages), then this package with its dev extras.
 # A rerun with nothing changed takes about a second. Environment:
 #   PYTHON=python3.12   the interpreter the environment is made from (default python3)
 #   SPECEYES_VENV=DIR   where the environment lives (default .venv in the repository)
@@ -55,7 +55,7 @@ fi
 
 # PyTorch: reuse one the base Python already has (e.g. your CUDA build); else the pinned pair.
 if ! "$VPY" -c "import torch, torchvision" >/dev/null 2>&1; then
-  say "installing torch 2.14.1 and torchvision 0.29.1 (about 5.5 GB)"
+  say "installing torch 2.14.1 and torchvision 0.29.1 (about 3.5 GB to download, 6 GB on disk)"
   "$VPY" -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
 fi
 
