@@ -13,12 +13,10 @@ import tempfile
 from pathlib import Path
 
 from speceyes_graph import create_speceyes_graph
-from speceyes_graph.demo import DEMO_GRAPH_SETTINGS, demo_checkpoints, demo_queries
-from speceyes_graph.models import ChatTransformersVLM
+from speceyes_graph.demo import DEMO_GRAPH_SETTINGS, demo_models, demo_queries
 
-paths = demo_checkpoints()
-small = ChatTransformersVLM(model=str(paths["small"]), top_logprobs=64, max_new_tokens=8)
-large = ChatTransformersVLM(model=str(paths["large"]), max_new_tokens=256)  # ~140-token turns
+models = demo_models()  # two ChatTransformersVLM over the shipped checkpoints
+small, large = models["small"], models["large"]
 graph = create_speceyes_graph(speculator=small, agent=large, **DEMO_GRAPH_SETTINGS).compile()
 
 queries = demo_queries(Path(tempfile.mkdtemp()), 3, zoom_share=1 / 3, seed=1)

@@ -29,7 +29,9 @@ class ScriptedGenerate:
 
     def generate(self, input_ids, attention_mask=None, *, max_new_tokens, pad_token_id,
                  streamer=None, output_logits=False, **_):  # fmt: skip
-        delay_s = self.delay_s  # as set when this generation started (a later change is for later ones)
+        delay_s = (
+            self.delay_s
+        )  # as set when this generation started (a later change is for later ones)
         replies = []
         for row, mask in zip(input_ids, attention_mask, strict=True):
             prompt = self.tokenizer.decode(row[mask.bool()], skip_special_tokens=False)

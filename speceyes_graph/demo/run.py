@@ -173,6 +173,9 @@ def run_demo(
         "small": demo_graph(models["small"], mode="small"),
     }
     (out / "workflow.png").write_bytes(draw(graphs["speceyes"], "png"))
+    # enough queries in flight that the agent's batches fill while the judge and drafts take
+    # their turns (the same for every mode)
+    concurrency = 4 * batch_size
     for mode in ("agent", "speceyes", "small"):
         run_dir = out / f"run-{mode}"
         for f in ("records.jsonl", "run.json"):  # a demo is a fresh measurement every time
@@ -182,13 +185,11 @@ def run_demo(
             queries,
             run_dir,
             mode=mode,
-            # enough queries in flight that the agent's batches fill while the judge and
-            # drafts take their turns (the same for every mode)
-            concurrency=4 * batch_size,
+            concurrency=concurrency,
             progress=progress,
             total=n,
             desc=f"{LABELS[mode]:<16}",
-            settings=_recorded_settings(batch_size, 4 * batch_size),
+            settings=_recorded_settings(batch_size, concurrency),
         )
     report = write_report(
         out / "run-speceyes", out / "run-agent", title="SpecEyes against the agent-only baseline"
