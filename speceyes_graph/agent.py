@@ -38,9 +38,9 @@ from speceyes_tools.deadlines import (
     check_deadline,
     deadline_scope,
 )
-from speceyes_tools.images import ImageStore, ResizeSpec, default_store
+from speceyes_tools.images import ImageStore, ResizeSpec, default_store, store_scope
 
-from .messages import Protocol, dehydrate, hydrate, to_wire, user_message
+from .messages import Protocol, dehydrate, for_model, to_wire, user_message
 from .prompts import NATIVE_AGENT_SYSTEM_PROMPT, Prompts, tools_system_prompt
 from .protocol import extract_answer, message_text, parse_deepeyes
 from .state import AgentStep, Draft, merge_timings
@@ -150,7 +150,7 @@ def create_agent_loop(
         new: list[AnyMessage] = []
         step_no = len(state.get("steps") or []) + 1
         try:
-            with deadline_scope(state.get("deadline")):
+            with deadline_scope(state.get("deadline")), store_scope(store):
                 check_deadline("agent loop")
                 if not history:
                     text = prompts.question(state.get("question"), state.get("options"))
@@ -166,7 +166,7 @@ def create_agent_loop(
                 t0 = time.perf_counter()
                 reply = call_with_deadline(
                     bound.invoke,
-                    [SystemMessage(content=system), *hydrate(wire, store)],
+                    [SystemMessage(content=system), *for_model(wire, model, store)],
                     timeout=state.get("model_timeout_s"),
                     what="agent model call",
                     inline=getattr(model, "handles_deadlines", False),

@@ -3,7 +3,14 @@
 ``intake -> judge -> speculate -> gate -> (END | agent_loop)``: ``intake`` checks the
 query and starts the run clean; the large model judges whether tools are needed;
 tool-free queries get a draft from the small model; the draft is kept when its answer
-separability clears tau; everything else runs the agent loop. Under ``graph.batch()`` each
+separability clears tau; everything else runs the agent loop.
+
+With ``speculation="parallel"`` the draft does not wait for the judge: ``intake`` fans out
+to ``judge`` and ``speculate`` at once and ``gate`` joins them, so a speculative query
+takes about max(judge, draft) instead of judge + draft (the small model runs on its own
+worker, or device). A draft whose query the judge sends to the agent is discarded and
+recorded (``draft["discarded"]``); the agent loop never sees it, so answers, routes and
+scores are those of the sequential funnel (``speculation="after_judge"``, the paper's). Under ``graph.batch()`` each
 query runs its own path concurrently, so (with a batching backend) model calls of many
 queries coalesce while slow tool loops proceed on their own.
 
@@ -38,10 +45,10 @@ from speceyes_tools.deadlines import (
     check_deadline,
     deadline_scope,
 )
-from speceyes_tools.images import ImageStore, ResizeSpec, default_store
+from speceyes_tools.images import ImageStore, ResizeSpec, default_store, store_scope
 
 from .agent import DEFAULT_MAX_STEPS, LoopOptions, create_agent_loop, recursion_limit
-from .messages import Protocol, hydrate, user_message
+from .messages import Protocol, for_model, user_message
 from .prompts import Prompts
 from .protocol import message_text
 from .query import read_query
@@ -50,9 +57,16 @@ from .settings import Limits, OnError, RunSettings, resolve_settings, run_overri
 from .state import Draft, Mode, SpecEyesContext, SpecEyesInput, SpecEyesOutput, SpecEyesState
 from .toolsets import Toolset, build_tools, load_toolset
 
-__all__ = ["SpecEyesError", "create_speceyes_graph", "parse_judge", "score_draft"]
+__all__ = [
+    "SpecEyesError",
+    "Speculation",
+    "create_speceyes_graph",
+    "parse_judge",
+    "score_draft",
+]
 
 log = logging.getLogger(__name__)
+Speculation = Literal["parallel", "after_judge"]
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S)
 
 # What intake writes first: no output of an earlier run on the same thread survives.
@@ -92,6 +106,7 @@ def create_speceyes_graph(
     agent: BaseChatModel | None = None,
     tools: str | Path | Toolset | Sequence[BaseTool] | None = "deepeyes",
     mode: Mode = "speceyes",
+    speculation: Speculation = "after_judge",
     gate: GateConfig | str | Path | None = None,
     speculator_as_judge: bool = False,
     max_agent_steps: int = DEFAULT_MAX_STEPS,
@@ -119,6 +134,8 @@ def create_speceyes_graph(
         mode: the default mode: ``speceyes``; ``agent`` (baseline, every query to the loop);
             ``small`` (draft only, never falls back; the gate score is still recorded). A run
             may pick another mode (context ``mode``) if the graph has its models.
+        speculation: ``after_judge`` (the paper's funnel: draft only for queries judged
+            tool-free) or ``parallel`` (draft while the judge runs; see the module docstring).
         gate: threshold, K, aggregation (defaults: tau 0.98, K 64, ``min``), or the path of
             a gate file from ``speceyes calibrate``; per run: context ``tau``, ``k``,
             ``aggregation``.
@@ -150,6 +167,8 @@ def create_speceyes_graph(
     speculator_resize = speculator_resize or getattr(speculator, "resize_spec", None) or resize
     judge_kwargs = {"max_tokens": judge_max_tokens} if judge_max_tokens else {}
     draft_kwargs = {"max_tokens": draft_max_tokens} if draft_max_tokens else {}
+    if speculation not in ("parallel", "after_judge"):
+        raise ValueError(f"speculation must be 'parallel' or 'after_judge', got {speculation!r}")
     if mode not in ("speceyes", "agent", "small"):
         raise ValueError(f"unknown mode {mode!r}; use 'speceyes', 'agent' or 'small'")
     if on_error not in ("record", "raise"):
@@ -201,11 +220,11 @@ def create_speceyes_graph(
         return {"error": message, "timings": {phase: time.perf_counter() - t0}}
 
     def call_model(state: SpecEyesState, model: Any, messages: list, what: str, **kwargs):
-        with deadline_scope(state.get("deadline")):
+        with deadline_scope(state.get("deadline")), store_scope(store):
             check_deadline(what)
             return call_with_deadline(
                 model.invoke,
-                hydrate(messages, store),
+                for_model(messages, model, store),
                 timeout=state["settings"]["model_timeout_s"],
                 what=what,
                 inline=handles_deadlines(model),
@@ -245,8 +264,6 @@ def create_speceyes_graph(
 
     # Routers return edge labels (drawn on the workflow picture); the path maps below name
     # the node each label leads to.
-    def after_intake(state: SpecEyesState) -> str:
-        return "invalid" if state.get("error") else state["settings"]["mode"]
 
     # --- phase I ----------------------------------------------------------------------------------
     def judge_node(state: SpecEyesState) -> dict[str, Any]:
@@ -302,16 +319,22 @@ def create_speceyes_graph(
     # --- phase III --------------------------------------------------------------------------------
     def gate_node(state: SpecEyesState) -> dict[str, Any]:
         draft = state.get("draft") or {}
+        if state.get("error"):  # the judge failed (parallel speculation joins here)
+            return {}
         if state["settings"]["mode"] == "small":
             return {"answer": draft.get("text") or None, "route": "draft-only"}
+        if state.get("route") == "judged-agentic":  # drafted in parallel, not needed
+            return {"draft": {**draft, "accepted": False, "discarded": True}}
         if draft.get("accepted"):
             return {"answer": draft.get("text"), "route": "speculative"}
         return {"route": "rejected-agentic"}
 
     def after_gate(state: SpecEyesState) -> str:
-        if state.get("route") == "rejected-agentic":
-            return "reject"
-        return "failed" if state.get("error") else "accept"
+        if state.get("error"):
+            return "failed"
+        if state.get("route") == "judged-agentic":
+            return "tools"
+        return "reject" if state.get("route") == "rejected-agentic" else "accept"
 
     # --- phase IV ---------------------------------------------------------------------------------
     if agent is not None:
@@ -340,6 +363,7 @@ def create_speceyes_graph(
         def agent_loop(state: SpecEyesState) -> dict[str, Any]:
             t0 = time.perf_counter()
             query, settings = state["query"], state["settings"]
+            draft = state.get("draft") or {}
             try:
                 with deadline_scope(state.get("deadline")):
                     check_deadline("agent loop")
@@ -352,7 +376,7 @@ def create_speceyes_graph(
                         "question": query["question"],
                         "images": query["images"],
                         "options": query["options"],
-                        "draft": state.get("draft"),
+                        "draft": None if draft.get("discarded") else state.get("draft"),
                         "max_steps": settings["max_agent_steps"],
                         "deadline": state.get("deadline"),
                         "model_timeout_s": settings["model_timeout_s"],
@@ -371,10 +395,21 @@ def create_speceyes_graph(
         graph.add_node("agent_loop", agent_loop)
         graph.add_edge("agent_loop", END)
 
+    parallel = speculation == "parallel" and "speceyes" in available
+
+    def after_intake(state: SpecEyesState) -> str | list[str]:
+        if state.get("error"):
+            return "invalid"
+        mode = state["settings"]["mode"]
+        return ["speceyes", "draft"] if parallel and mode == "speceyes" else mode
+
     graph.add_node("intake", intake)
     graph.add_edge(START, "intake")
+    first = {m: _FIRST_NODE[m] for m in sorted(available)}
     graph.add_conditional_edges(
-        "intake", after_intake, {**{m: _FIRST_NODE[m] for m in sorted(available)}, "invalid": END}
+        "intake",
+        after_intake,
+        {**first, **({"draft": "speculate"} if parallel else {}), "invalid": END},
     )
     if speculator is not None:
         graph.add_node("speculate", speculate_node)
@@ -387,13 +422,17 @@ def create_speceyes_graph(
                 "accept": END,
                 "failed": END,
                 **({"reject": "agent_loop"} if agent is not None else {}),
+                **({"tools": "agent_loop"} if parallel else {}),
             },
         )
     if "speceyes" in available:
         graph.add_node("judge", judge_node)
-        graph.add_conditional_edges(
-            "judge", after_judge, {"no": "speculate", "yes": "agent_loop", "failed": END}
-        )
+        if parallel:  # gate joins the judge and the draft of the same query
+            graph.add_edge("judge", "gate")
+        else:
+            graph.add_conditional_edges(
+                "judge", after_judge, {"no": "speculate", "yes": "agent_loop", "failed": END}
+            )
     return graph
 
 

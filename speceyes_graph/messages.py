@@ -1,10 +1,13 @@
 """How queries and tool results become chat messages for a model.
 
 Messages in graph state carry images as *references*: a standard LangChain image block
-whose ``url`` is a ``blob://`` key of the image store. :func:`hydrate` turns those into
-base64 blocks only for the model call (the bytes never enter a checkpoint), and
-:func:`dehydrate` does the reverse for anything arriving with pixels (a tool's zoomed crop,
-an image a chat user pasted).
+whose ``url`` is a ``blob://`` key of the image store. :func:`for_model` gives a model what
+it can take: a local model that reads the store itself (``accepts_image_refs``, e.g.
+``ChatTransformersVLM``, called within :func:`~speceyes_tools.images.store_scope`) gets the
+references as they are, so no pixels are encoded, copied or decoded per call; any other
+model (a served one) gets base64 blocks from :func:`hydrate` (the bytes never enter a
+checkpoint). :func:`dehydrate` does the reverse for anything arriving with pixels (a tool's
+zoomed crop, an image a chat user pasted).
 
 The agent loop stores a standard LangChain transcript (an ``AIMessage`` with
 ``tool_calls``, then ``ToolMessage`` results whose content may hold images). What a model
@@ -33,7 +36,9 @@ from .protocol import format_tool_call, message_text
 
 __all__ = [
     "Protocol",
+    "accepts_image_refs",
     "dehydrate",
+    "for_model",
     "hydrate",
     "image_blocks",
     "image_ref",
@@ -131,6 +136,21 @@ def hydrate(messages: Sequence[BaseMessage], store: ImageStore | None = None) ->
         return {"type": "image", "base64": data, "mime_type": mime}
 
     return [_map_images(m, fill) for m in messages]
+
+
+def accepts_image_refs(model: Any) -> bool:
+    """Whether a model (or a binding of one) resolves ``blob://`` references itself."""
+    while hasattr(model, "bound"):
+        model = model.bound
+    return bool(getattr(model, "accepts_image_refs", False))
+
+
+def for_model(
+    messages: Sequence[BaseMessage], model: Any, store: ImageStore | None = None
+) -> list[BaseMessage]:
+    """Messages as ``model`` takes them: references kept for a model that reads the store
+    (call it within ``store_scope(store)``), base64 for any other."""
+    return list(messages) if accepts_image_refs(model) else hydrate(messages, store)
 
 
 def dehydrate(message: BaseMessage, store: ImageStore | None = None) -> BaseMessage:

@@ -72,6 +72,7 @@ class Draft(TypedDict, total=False):
     accepted: bool
     error: str | None  # why no score could be computed (then accepted is False)
     note: str | None  # e.g. scored with fewer than K competitors (GateConfig(clamp=True))
+    discarded: bool  # drafted in parallel with the judge, which then asked for tools
 
 
 class AgentStep(TypedDict, total=False):

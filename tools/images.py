@@ -26,12 +26,15 @@ graph records as that query's error.
 from __future__ import annotations
 
 import base64
+import contextvars
 import io
 import math
 import os
 import threading
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,10 +66,12 @@ __all__ = [
     "encode_image",
     "encode_png",
     "load_image",
+    "current_store",
     "put_bytes",
     "release",
     "smart_resize",
     "sniff_mime",
+    "store_scope",
 ]
 
 
@@ -372,16 +377,20 @@ class ImageStore:
             finally:
                 with self._lock:
                     self._loading.pop(key, None)
-            arr.setflags(write=False)  # shared between threads: nobody may write into it
             with self._lock:
                 self.decodes += 1
-                if arr.nbytes <= self.max_bytes:
-                    self._cache[key] = arr
-                    self._bytes += arr.nbytes
-                    while self._bytes > self.max_bytes and len(self._cache) > 1:
-                        _, old = self._cache.popitem(last=False)
-                        self._bytes -= old.nbytes
-            return arr
+            return self._remember(key, arr)
+
+    def _remember(self, key: Any, arr: np.ndarray) -> np.ndarray:
+        arr.setflags(write=False)  # shared between threads: nobody may write into it
+        with self._lock:
+            if key not in self._cache and arr.nbytes <= self.max_bytes:
+                self._cache[key] = arr
+                self._bytes += arr.nbytes
+                while self._bytes > self.max_bytes and len(self._cache) > 1:
+                    _, old = self._cache.popitem(last=False)
+                    self._bytes -= old.nbytes
+        return arr
 
     def _decode(self, data: bytes, name: str) -> np.ndarray:
         width, height = _header_size(data, name)
@@ -427,6 +436,7 @@ class ImageStore:
                 interp = cv2.INTER_AREA if tw * th < w * h else cv2.INTER_CUBIC
                 arr = cv2.resize(arr, (tw, th), interpolation=interp)
         key = self.put_array(arr)
+        self._remember(key, arr)  # a local model reads the view's pixels without a decode
         with self._lock:
             self._views[(source, resize)] = key
             self._derived[key] = (ref, resize, source)
@@ -469,6 +479,28 @@ _DEFAULT_STORE = ImageStore()
 def default_store() -> ImageStore:
     """The process-wide store used by the tools and graph nodes unless given another."""
     return _DEFAULT_STORE
+
+
+_CURRENT: contextvars.ContextVar[ImageStore | None] = contextvars.ContextVar(
+    "speceyes_image_store", default=None
+)
+
+
+def current_store() -> ImageStore:
+    """The store that ``blob://`` references in a model call belong to: the one a graph
+    set with :func:`store_scope`, else :func:`default_store`."""
+    return _CURRENT.get() or _DEFAULT_STORE
+
+
+@contextmanager
+def store_scope(store: ImageStore) -> Iterator[ImageStore]:
+    """Within the block, :func:`current_store` is ``store``: a graph hands a local model
+    ``blob://`` references (no pixels copied or encoded) and the model resolves them here."""
+    token = _CURRENT.set(store)
+    try:
+        yield store
+    finally:
+        _CURRENT.reset(token)
 
 
 _HELD: dict[str, int] = {}

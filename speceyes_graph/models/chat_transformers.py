@@ -19,7 +19,6 @@ thread of their own, so a stream never holds up the batch worker.
 
 from __future__ import annotations
 
-import contextvars
 import json
 import logging
 import queue
@@ -45,7 +44,8 @@ from speceyes_tools.images import ResizeSpec
 
 from ..protocol import parse_deepeyes
 from .batching import BatchScheduler
-from .conversion import special_token_escaper, to_hf_messages
+from .conversion import convert_messages, special_token_escaper
+from .image_cache import CachedImageProcessor, image_keys
 
 __all__ = ["ChatTransformersVLM"]
 
@@ -91,17 +91,25 @@ class ChatTransformersVLM(BaseChatModel):
     max_batch_size: int = 16
     max_wait_ms: float = 5.0
     parse_tool_calls: bool = True
+    image_cache_bytes: int = Field(
+        default=1 << 30,
+        ge=0,
+        description="Processed images kept for reuse (judge, then each agent turn); 0: none.",
+    )
     processor_kwargs: dict[str, Any] = Field(default_factory=dict)
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
 
     handles_deadlines: ClassVar[bool] = True  # waits are bounded by the caller's deadline
+    accepts_image_refs: ClassVar[bool] = True  # blob:// references: pixels from the store
 
     _hf_model: Any = PrivateAttr(default=None)
     _processor: Any = PrivateAttr(default=None)
     _scheduler: BatchScheduler | None = PrivateAttr(default=None)
     _escape: Any = PrivateAttr(default=None)
+    _pieces: dict[int, str] = PrivateAttr(default_factory=dict)
+    _preparing: Any = PrivateAttr(default_factory=threading.Lock)
 
     @model_validator(mode="before")
     @classmethod
@@ -147,6 +155,11 @@ class ChatTransformersVLM(BaseChatModel):
             ).eval()
         # generation needs left padding; many checkpoints save "right"
         self._processor.tokenizer.padding_side = "left"
+        images = getattr(self._processor, "image_processor", None)
+        if self.image_cache_bytes and images is not None:
+            if isinstance(images, CachedImageProcessor):
+                images = images.inner
+            self._processor.image_processor = CachedImageProcessor(images, self.image_cache_bytes)
         self._escape = special_token_escaper(self._processor.tokenizer)
         self._scheduler = BatchScheduler(
             self._run_batch,
@@ -280,13 +293,14 @@ class ChatTransformersVLM(BaseChatModel):
         self, messages: Sequence[BaseMessage], tools: list[dict] | None = None, prefill: str = ""
     ) -> dict:
         """Chat template, images and processor for one request; ``prefill`` starts the reply."""
-        hf_messages, images = to_hf_messages(messages, self._escape)
+        converted = convert_messages(messages, self._escape)
         prompt = self._processor.apply_chat_template(
-            hf_messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+            converted.messages, tools=tools or None, add_generation_prompt=True, tokenize=False
         )
-        inputs = self._processor(
-            text=[prompt + prefill], images=images or None, return_tensors="pt"
-        )
+        with image_keys(converted.image_keys):  # each image processed once (image_cache.py)
+            inputs = self._processor(
+                text=[prompt + prefill], images=converted.images or None, return_tensors="pt"
+            )
         return {"inputs": dict(inputs), "tools": bool(tools), "prefix": prefill}
 
     # --- generation (the batch worker, or a streaming thread) ----------------------------------
@@ -362,6 +376,16 @@ class ChatTransformersVLM(BaseChatModel):
             )  # fmt: skip
         return results
 
+    def _token_text(self, token_id: int) -> str:
+        """One token's text, as ``decode([id])`` gives it; cached, since top-K log-probs
+        decode 64 tokens per step and per row."""
+        text = self._pieces.get(token_id)
+        if text is None:
+            text = self._processor.tokenizer.decode([token_id], skip_special_tokens=False)
+            if len(self._pieces) < 1 << 20:
+                self._pieces[token_id] = text
+        return text
+
     def _decode(
         self,
         b: int,
@@ -380,7 +404,8 @@ class ChatTransformersVLM(BaseChatModel):
         n = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))  # to first eos/pad
         finish = "stop" if n < len(tokens) else "length"
         tokens = tokens[:n]
-        pieces = [tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
+        piece = self._token_text
+        pieces = [piece(t) for t in tokens]
         text = tokenizer.decode(tokens, skip_special_tokens=True)
         kept = len(tokens)
         for s in stops:  # OpenAI semantics: the stop string is not part of the reply
@@ -401,7 +426,7 @@ class ChatTransformersVLM(BaseChatModel):
                 values, ids, full = step_top[t]
                 chosen = tokens[t]
                 top = [
-                    {"token": tokenizer.decode([int(i)]), "logprob": float(v)}
+                    {"token": piece(i), "logprob": v}
                     for v, i in zip(values[b].tolist(), ids[b].tolist(), strict=True)
                 ]
                 content.append(
@@ -438,13 +463,7 @@ class ChatTransformersVLM(BaseChatModel):
         configs = get_config_list(config, len(inputs))
         width = configs[0].get("max_concurrency") or min(len(inputs), 4 * self.max_batch_size)
         configs = [{**c, "max_concurrency": width} for c in configs]
-        announced = _Announced(self.scheduler, min(width, self.max_batch_size))
-        token = _ANNOUNCED.set(announced)
-        try:
-            return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
-        finally:
-            _ANNOUNCED.reset(token)
-            announced.withdraw_rest()
+        return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
 
     def _call(self, key: Hashable, prepared: dict) -> AIMessage:
         """One request through the batch worker, within the deadline, with retries."""
@@ -469,15 +488,15 @@ class ChatTransformersVLM(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         key, request = self._settings(stop, kwargs)
-        announced = _ANNOUNCED.get()
+        # Announce the request before preparing it, so that a batch being formed waits for
+        # it (see BatchScheduler.expect); withdraw it if it will not come.
+        self.scheduler.expect(key)
         try:
-            prepared = self._prepare(messages, **request)
-        except Exception:
-            if announced is not None:
-                announced.withdraw(1)  # this request will never reach the worker
+            with self._preparing:
+                prepared = self._prepare(messages, **request)
+        except BaseException:
+            self.scheduler.expect(key, -1)
             raise
-        if announced is not None:
-            announced.arrived()
         message = self._call(key, prepared)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
@@ -573,33 +592,6 @@ class ChatTransformersVLM(BaseChatModel):
                 chunk_position="last",
             )
         )
-
-
-class _Announced:
-    """The requests of one ``batch()`` call that the worker should wait for."""
-
-    def __init__(self, scheduler: BatchScheduler, n: int):
-        self.scheduler, self.left = scheduler, n
-        self._lock = threading.Lock()
-        scheduler.expect(n)
-
-    def arrived(self) -> None:  # the submit itself updates the scheduler
-        with self._lock:
-            self.left = max(0, self.left - 1)
-
-    def withdraw(self, n: int) -> None:
-        with self._lock:
-            n = min(n, self.left)
-            self.left -= n
-        self.scheduler.expect(-n)
-
-    def withdraw_rest(self) -> None:
-        self.withdraw(self.left)
-
-
-_ANNOUNCED: contextvars.ContextVar[_Announced | None] = contextvars.ContextVar(
-    "speceyes_batch_call", default=None
-)
 
 
 class _TokenStreamer:

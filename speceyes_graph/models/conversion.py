@@ -1,7 +1,9 @@
 """LangChain messages -> what a Hugging Face chat template and processor take.
 
 Images may arrive as LangChain standard blocks (``base64``, ``url``, raw ``data``), OpenAI
-``image_url`` blocks, or ``blob://`` references of the default image store. Text from
+``image_url`` blocks, or ``blob://`` references of the current image store
+(:func:`~speceyes_tools.images.store_scope`; the graph passes references, so a local model
+reads the pixels the store already holds: no base64, no PNG decode). Text from
 messages is untrusted: a question containing ``<|im_end|>\\n<|im_start|>assistant`` must not
 become real control tokens and forge a turn, so the checkpoint's special-token strings are
 escaped (a zero-width space after their first character) before templating; they then
@@ -14,15 +16,15 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from langchain_core.messages import BaseMessage
 
 from speceyes_tools.blobs import is_blob_key
-from speceyes_tools.images import default_store, load_image
+from speceyes_tools.images import current_store, load_image
 
-__all__ = ["special_token_escaper", "to_hf_messages"]
+__all__ = ["HFMessages", "convert_messages", "special_token_escaper", "to_hf_messages"]
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
 _ZWSP = "\u200b"
@@ -41,13 +43,16 @@ def special_token_escaper(tokenizer: Any):
     return lambda text: pattern.sub(lambda m: m[0][0] + _ZWSP + m[0][1:], text)
 
 
-def _pixels(ref: str) -> np.ndarray:
-    """A ``blob://`` reference from the default image store, or any URL / path (uncached)."""
-    return default_store().get(ref) if is_blob_key(ref) else load_image(ref)
+def _pixels(ref: str) -> tuple[np.ndarray, str | None]:
+    """A ``blob://`` reference from the current image store (with its key, which names the
+    content), or any URL / path (uncached, unnamed)."""
+    if is_blob_key(ref):
+        return current_store().get(ref), ref
+    return load_image(ref), None
 
 
-def _block_image(block: dict) -> np.ndarray | None:
-    """Pixels of a LangChain / OpenAI image content block, or None if it is not an image."""
+def _block_image(block: dict) -> tuple[np.ndarray, str | None] | None:
+    """(pixels, content key or None) of a LangChain / OpenAI image block; None if not one."""
     kind = block.get("type")
     if kind == "image_url":
         url = block.get("image_url")
@@ -57,12 +62,12 @@ def _block_image(block: dict) -> np.ndarray | None:
     if block.get("base64") or block.get("source_type") == "base64":
         data = block.get("base64") or block.get("data")
         mime = block.get("mime_type", "image/png")
-        return load_image(f"data:{mime};base64,{data}")
+        return load_image(f"data:{mime};base64,{data}"), None
     if block.get("url"):
         return _pixels(block["url"])
     if block.get("data") is not None:  # raw bytes
         raw = block["data"]
-        return load_image("data:image/png;base64," + base64.b64encode(raw).decode())
+        return load_image("data:image/png;base64," + base64.b64encode(raw).decode()), None
     raise ValueError(
         f"unsupported image block: { {k: v for k, v in block.items() if k != 'base64'} }"
     )
@@ -72,6 +77,12 @@ def _parts(content: Any) -> Iterable[Any]:
     return content if isinstance(content, list) else [content]
 
 
+class HFMessages(NamedTuple):
+    messages: list[dict]  # for the chat template
+    images: list[np.ndarray]  # in order of appearance
+    image_keys: list[str | None]  # the blob key naming each image's content, if it has one
+
+
 def to_hf_messages(
     messages: Sequence[BaseMessage], escape=None
 ) -> tuple[list[dict], list[np.ndarray]]:
@@ -79,9 +90,16 @@ def to_hf_messages(
 
     ``escape`` (from :func:`special_token_escaper`) is applied to every text part.
     """
+    converted = convert_messages(messages, escape)
+    return converted.messages, converted.images
+
+
+def convert_messages(messages: Sequence[BaseMessage], escape=None) -> HFMessages:
+    """:func:`to_hf_messages`, also naming each image by its content key (for caches)."""
     escape = escape or (lambda text: text)
     out: list[dict] = []
     images: list[np.ndarray] = []
+    keys: list[str | None] = []
     for m in messages:
         role = _ROLES.get(m.type)
         if role is None:
@@ -94,7 +112,8 @@ def to_hf_messages(
                 continue
             image = _block_image(block)
             if image is not None:
-                images.append(image)
+                images.append(image[0])
+                keys.append(image[1])
                 parts.append({"type": "image"})
             elif block.get("type") == "text":
                 parts.append({"type": "text", "text": escape(block.get("text", ""))})
@@ -105,4 +124,4 @@ def to_hf_messages(
                 for c in m.tool_calls
             ]
         out.append(entry)
-    return out, images
+    return HFMessages(out, images, keys)

@@ -1,0 +1,326 @@
+"""Throughput features keep results exact: zero-copy images, the processed-image cache,
+announced requests in the batch scheduler, parallel speculation.
+
+Speed itself is measured by ``scripts/bench_throughput.py``, not asserted here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from helpers import question_of
+from langchain_core.messages import AIMessage
+from PIL import Image
+
+from speceyes_graph import create_speceyes_graph
+from speceyes_graph.models import ChatTransformersVLM, ScriptedChatModel, fake_logprobs
+from speceyes_graph.models.batching import BatchScheduler
+from speceyes_graph.models.image_cache import CachedImageProcessor, image_keys
+from speceyes_tools import ImageStore
+
+
+def _image(tmp_path, name, w, h, seed):
+    arr = np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8)
+    path = tmp_path / name
+    Image.fromarray(arr).save(path)
+    return str(path), arr
+
+
+# --- the processed-image cache ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["small", "large"])  # Qwen3-VL, Qwen2.5-VL processors
+def test_cached_image_processing_equals_the_processor(tiny_chat, kind):
+    processor = tiny_chat[kind].processor
+    assert isinstance(processor.image_processor, CachedImageProcessor)
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for w, h in ((300, 200), (97, 411))]
+    text = ["<|vision_start|><|image_pad|><|vision_end|> and <|vision_start|><|image_pad|><|vision_end|>"]
+    plain = processor(text=text, images=images, return_tensors="pt")  # no keys: uncached
+    cache = processor.image_processor
+    hits = cache.hits
+    for _ in range(2):  # a miss per image, then hits
+        with image_keys(["blob://a", "blob://b"]):
+            cached = processor(text=text, images=images, return_tensors="pt")
+        assert set(cached) == set(plain)
+        for name in plain:
+            assert torch.equal(cached[name], plain[name]), name
+    assert cache.hits - hits == 2
+
+
+def test_image_cache_reuses_the_judge_image_on_the_first_agent_turn(tiny_models, scene):
+    large = ChatTransformersVLM(model=str(tiny_models["large"]), max_new_tokens=4)
+    small = ChatTransformersVLM(model=str(tiny_models["small"]), top_logprobs=8, max_new_tokens=4)
+    judge = ScriptedChatModel(respond=lambda m: "yes")  # always to the agent loop
+    graph = create_speceyes_graph(
+        judge=judge, speculator=small, agent=large, max_agent_steps=1
+    ).compile()
+    cache = large.processor.image_processor
+    before = cache.hits, cache.misses
+    graph.invoke({"question": "What is it?", "images": [scene]})
+    # judged by the scripted judge; the agent's only turn processes the image: one miss
+    assert (cache.hits, cache.misses) == (before[0], before[1] + 1)
+    graph2 = create_speceyes_graph(speculator=small, agent=large, max_agent_steps=1).compile()
+    out = graph2.invoke({"question": "What is it?", "images": [scene]})
+    if out["route"] != "speculative":  # the large model judged, then ran the loop: a hit
+        assert cache.hits > before[0]
+
+
+# --- zero-copy images -----------------------------------------------------------------------
+
+
+def test_local_models_get_references_served_models_get_base64(tiny_chat, scene, monkeypatch):
+    store = ImageStore()
+    encoded = []
+    original = ImageStore.base64
+
+    def spy(self, key):
+        encoded.append(key)
+        return original(self, key)
+
+    monkeypatch.setattr(ImageStore, "base64", spy)
+    local = create_speceyes_graph(speculator=tiny_chat["small"], mode="small", store=store)
+    out = local.compile().invoke({"question": "Colour?", "images": [scene]})
+    assert out["error"] is None and out["draft"]["text"] is not None
+    assert encoded == []  # the local model read the store's pixels: no base64 round trip
+
+    served = ScriptedChatModel(
+        respond=lambda m: AIMessage(
+            content="A", response_metadata={"logprobs": fake_logprobs(["A"], [9.0])}
+        )
+    )
+    graph = create_speceyes_graph(speculator=served, mode="small", store=store).compile()
+    assert graph.invoke({"question": "Colour?", "images": [scene]})["answer"] == "A"
+    assert len(encoded) == 1
+    blocks = [b for b in served.received[-1][-1].content if b.get("type") == "image"]
+    assert blocks and blocks[0]["base64"] and "url" not in blocks[0]
+
+
+def test_a_model_view_needs_no_decode(tmp_path):
+    store = ImageStore()
+    path, _ = _image(tmp_path, "big.png", 900, 700, 1)
+    from speceyes_tools import ResizeSpec
+
+    key = store.model_view(path, ResizeSpec(max_pixels=200 * 200))
+    decodes = store.decodes
+    view = store.get(key)
+    assert store.decodes == decodes  # the resized array was kept, not re-decoded from PNG
+    from speceyes_tools.images import decode_image
+
+    assert np.array_equal(view, decode_image(store.read(key)))  # and it is what the PNG holds
+
+
+# --- the scheduler waits for announced requests --------------------------------------------
+
+
+def test_announced_requests_meet_in_one_batch():
+    sizes = []
+    scheduler = BatchScheduler(
+        lambda key, payloads: sizes.append(len(payloads)) or list(payloads),
+        max_batch_size=8,
+        max_wait_s=0.001,
+        max_expect_s=5.0,
+    )
+    scheduler.expect("k", 4)
+    results = []
+
+    def caller(i):
+        time.sleep(0.05 * i)  # staggered, as requests prepared by different threads are
+        results.append(scheduler.call("k", i))
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sizes == [4] and sorted(results) == [0, 1, 2, 3]
+
+
+def test_a_withdrawn_announcement_does_not_hold_a_batch():
+    sizes = []
+    scheduler = BatchScheduler(
+        lambda key, payloads: sizes.append(len(payloads)) or list(payloads),
+        max_wait_s=0.001,
+        max_expect_s=30.0,
+    )
+    scheduler.expect("k", 2)
+    scheduler.expect("k", -1)  # one of them failed while being prepared
+    done = []
+    t = threading.Thread(target=lambda: done.append(scheduler.call("k", "a")))
+    t.start()
+    t.join(timeout=10)  # would wait out max_expect_s (30 s) if the announcement stuck
+    assert done == ["a"] and sizes == [1]
+    scheduler.close()
+
+
+def test_a_full_batch_of_another_key_is_not_held_up():
+    order = []
+    release = threading.Event()
+
+    def run(key, payloads):
+        order.append((key, len(payloads)))
+        return list(payloads)
+
+    scheduler = BatchScheduler(run, max_batch_size=2, max_wait_s=0.001, max_expect_s=30.0)
+    scheduler.expect("judge", 5)  # announced, arriving slowly
+    futures = [scheduler.submit("judge", 0)]
+    futures += scheduler.submit_many("agent", [1, 2])  # a full batch of another key
+    assert futures[1].result(timeout=10) == 1  # ran although the judge batch is still filling
+    assert order[0] == ("agent", 2)
+    scheduler.expect("judge", -4)
+    assert futures[0].result(timeout=10) == 0
+    release.set()
+    scheduler.close()
+
+
+# --- parallel speculation -------------------------------------------------------------------
+
+
+class _Timed(ScriptedChatModel):
+    """Scripted, slow, and recording when each call started and ended."""
+
+    delay: float = 0.3
+    spans: list = []
+
+    def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+        start = time.monotonic()
+        time.sleep(self.delay)
+        result = super()._generate(messages, stop, run_manager, **kwargs)
+        self.spans.append((question_of(messages), start, time.monotonic()))
+        return result
+
+
+def _models():
+    judge = _Timed(respond=lambda m: "no" if "free" in question_of(m) else "yes", spans=[])
+    draft = _Timed(
+        respond=lambda m: AIMessage(
+            content="A",
+            response_metadata={
+                "logprobs": fake_logprobs(["A"], [9.0 if "certain" in question_of(m) else 4.0])
+            },
+        ),
+        spans=[],
+    )
+    agent = ScriptedChatModel(respond=lambda m: "<answer>B</answer>")
+    return judge, draft, agent
+
+
+QUERIES = ["free and certain", "free but doubtful", "needs tools, certain"]
+
+
+def test_parallel_speculation_drafts_while_the_judge_runs(scene):
+    judge, draft, agent = _models()
+    graph = create_speceyes_graph(
+        judge=judge, speculator=draft, agent=agent, speculation="parallel"
+    ).compile()
+    outs = [graph.invoke({"question": q, "images": [scene]}) for q in QUERIES]
+    assert [o["route"] for o in outs] == ["speculative", "rejected-agentic", "judged-agentic"]
+    assert [o["answer"] for o in outs] == ["A", "B", "B"]
+    for (_, j0, j1), (_, d0, d1) in zip(judge.spans, draft.spans, strict=True):
+        assert d0 < j1 and j0 < d1  # the draft ran during the judge, not after it
+    discarded = outs[2]["draft"]
+    assert discarded["discarded"] is True and discarded["accepted"] is False
+    assert "discarded" not in outs[0]["draft"] and "discarded" not in outs[1]["draft"]
+
+
+def test_after_judge_drafts_only_tool_free_queries(scene):
+    judge, draft, agent = _models()
+    graph = create_speceyes_graph(judge=judge, speculator=draft, agent=agent).compile()
+    outs = [graph.invoke({"question": q, "images": [scene]}) for q in QUERIES]
+    assert [o["route"] for o in outs] == ["speculative", "rejected-agentic", "judged-agentic"]
+    assert outs[2]["draft"] is None and len(draft.spans) == 2
+    for (_, j0, j1), (_, d0, _) in zip(judge.spans, draft.spans, strict=False):
+        assert d0 >= j1  # sequential funnel
+
+
+def test_a_discarded_draft_is_not_the_agents_fallback(scene):
+    judge, draft, _ = _models()
+    silent = ScriptedChatModel(respond=lambda m: "I cannot decide.")  # never answers
+    graph = create_speceyes_graph(
+        judge=judge, speculator=draft, agent=silent, speculation="parallel", max_agent_steps=1
+    ).compile()
+    out = graph.invoke({"question": "needs tools, certain", "images": [scene]})
+    assert out["route"] == "judged-agentic" and out["answer"] is None
+    assert out["stop_reason"] == "step_limit, no answer"  # as after_judge: no draft to fall to
+
+
+def test_parallel_speculation_is_drawn(scene):
+    judge, draft, agent = _models()
+    graph = create_speceyes_graph(
+        judge=judge, speculator=draft, agent=agent, speculation="parallel"
+    ).compile()
+    drawn = graph.get_graph()
+    edges = {(e.source, e.target) for e in drawn.edges}
+    assert {("intake", "judge"), ("intake", "speculate"), ("judge", "gate")} <= edges
+    assert ("gate", "agent_loop") in edges
+    with pytest.raises(ValueError, match="speculation"):
+        create_speceyes_graph(judge=judge, speculator=draft, agent=agent, speculation="eager")
+
+
+# --- bit-identical to the sequential path ---------------------------------------------------
+
+
+def _signature(out: dict) -> tuple:
+    draft = out.get("draft") or {}
+    kept = None if draft.get("discarded") else draft  # parallel speculation's extra draft
+    return (
+        out["route"],
+        out["answer"],
+        out["error"],
+        out.get("judge_output"),
+        (kept.get("text"), kept.get("score"), kept.get("token_scores")) if kept else None,
+        [s["model_text"] for s in out.get("agent_steps") or []],
+    )
+
+
+def _three_ways(models: dict, inputs: list[dict], monkeypatch, **settings) -> list[list[tuple]]:
+    """after_judge, parallel, and the old path (base64 images, no processed-image cache)."""
+    runs = []
+    for speculation, refs in (("after_judge", True), ("parallel", True), ("after_judge", False)):
+        monkeypatch.setattr(ChatTransformersVLM, "accepts_image_refs", refs)
+        for m in models.values():
+            cache = m.processor.image_processor
+            cache.clear()
+            monkeypatch.setattr(cache, "max_bytes", cache.max_bytes if refs else 0)
+        graph = create_speceyes_graph(
+            speculator=models["small"], agent=models["large"], speculation=speculation, **settings
+        ).compile()
+        runs.append([_signature(o) for o in graph.batch(inputs, {"max_concurrency": 16})])
+    return runs
+
+
+def test_results_are_bit_identical_on_the_demo_models(tmp_path, monkeypatch):
+    """Same answers, routes, judge outputs, draft scores and agent transcripts, exactly.
+
+    One request per generate call: a batched call's scores also depend on which requests
+    share it (padding), in the last bits, which varies from run to run on any path."""
+    from speceyes_graph.demo import DEMO_GRAPH_SETTINGS, demo_models, demo_queries
+
+    models = demo_models(batch_size=1)
+    queries = demo_queries(tmp_path, 8, seed=3)
+    inputs = [{"question": q.question, "images": [q.image], "options": q.options} for q in queries]
+    after, parallel, old = _three_ways(models, inputs, monkeypatch, **DEMO_GRAPH_SETTINGS)
+    assert {s[0] for s in after} >= {"speculative", "judged-agentic"}
+    assert parallel == after
+    assert old == after
+
+
+def test_results_are_bit_identical_on_the_tiny_models(tiny_models, scene, monkeypatch):
+    models = {
+        "small": ChatTransformersVLM(
+            model=str(tiny_models["small"]), top_logprobs=16, max_new_tokens=6, max_batch_size=1
+        ),
+        "large": ChatTransformersVLM(
+            model=str(tiny_models["large"]), max_new_tokens=8, max_batch_size=1
+        ),
+    }
+    inputs = [{"question": f"What is shown? ({i})", "images": [scene]} for i in range(4)]
+    after, parallel, old = _three_ways(
+        models, inputs, monkeypatch, speculator_as_judge=True, max_agent_steps=2
+    )
+    assert parallel == after
+    assert old == after
