@@ -12,10 +12,10 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import question_of
 from langchain_core.messages import AIMessage
 from PIL import Image
 
+from helpers import question_of
 from speceyes_graph import create_speceyes_graph
 from speceyes_graph.models import ChatTransformersVLM, ScriptedChatModel, fake_logprobs
 from speceyes_graph.models.batching import BatchScheduler
@@ -39,7 +39,9 @@ def test_cached_image_processing_equals_the_processor(tiny_chat, kind):
     assert isinstance(processor.image_processor, CachedImageProcessor)
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for w, h in ((300, 200), (97, 411))]
-    text = ["<|vision_start|><|image_pad|><|vision_end|> and <|vision_start|><|image_pad|><|vision_end|>"]
+    text = [
+        "<|vision_start|><|image_pad|><|vision_end|> and <|vision_start|><|image_pad|><|vision_end|>"
+    ]
     plain = processor(text=text, images=images, return_tensors="pt")  # no keys: uncached
     cache = processor.image_processor
     hits = cache.hits
@@ -233,7 +235,7 @@ def test_after_judge_drafts_only_tool_free_queries(scene):
     outs = [graph.invoke({"question": q, "images": [scene]}) for q in QUERIES]
     assert [o["route"] for o in outs] == ["speculative", "rejected-agentic", "judged-agentic"]
     assert outs[2]["draft"] is None and len(draft.spans) == 2
-    for (_, j0, j1), (_, d0, _) in zip(judge.spans, draft.spans, strict=False):
+    for (_, _, j1), (_, d0, _) in zip(judge.spans, draft.spans, strict=False):
         assert d0 >= j1  # sequential funnel
 
 
