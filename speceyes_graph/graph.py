@@ -202,6 +202,13 @@ def create_speceyes_graph(
         on_error=on_error,
     )
     judge_model = _internal(judge_raw, "judge")
+    parallel = speculation == "parallel" and "speceyes" in available
+    # a query's first model calls, announced at intake (see ChatTransformersVLM.announce)
+    calls = {"judge": (judge_raw, judge_kwargs), "speculator": (speculator, draft_kwargs)}
+    announced_calls = {
+        "judge": ("speceyes",),
+        "speculator": ("small", "speceyes") if parallel else ("small",),
+    }
     speculator_model = _internal(speculator, "speculator")
     token_models = [m for m in (judge_raw, speculator, agent) if m is not None]
 
@@ -220,6 +227,8 @@ def create_speceyes_graph(
         return {"error": message, "timings": {phase: time.perf_counter() - t0}}
 
     def call_model(state: SpecEyesState, model: Any, messages: list, what: str, **kwargs):
+        if state["settings"]["mode"] in announced_calls.get(what, ()) and announces(model):
+            kwargs["announced"] = True  # intake told its batch worker this call is coming
         with deadline_scope(state.get("deadline")), store_scope(store):
             check_deadline(what)
             return call_with_deadline(
@@ -251,6 +260,11 @@ def create_speceyes_graph(
                 )
             with deadline_scope(deadline):
                 query = read_query(state, store, limits, token_models)
+                # Tell the models' batch workers which calls this query will make, before
+                # the images are decoded: a batch forming meanwhile waits for them.
+                for what, modes in announced_calls.items():
+                    if settings.mode in modes and announces(calls[what][0]):
+                        calls[what][0].announce(**calls[what][1])
                 for ref in query["images"]:
                     store.get(ref)  # decode now: a broken image fails here, before any model
         except Exception as exc:
@@ -271,10 +285,9 @@ def create_speceyes_graph(
         query = state["query"]
         try:
             text = prompts.question(query["question"], query["options"]) + prompts.judge_suffix
-            messages = [
-                SystemMessage(content=prompts.judge_system),
-                user_message(query["images"], text, judge_resize, store),
-            ]
+            with deadline_scope(state.get("deadline")):  # image work goes by deadline
+                image = user_message(query["images"], text, judge_resize, store)
+            messages = [SystemMessage(content=prompts.judge_system), image]
             reply = call_model(state, judge_model, messages, "judge", **judge_kwargs)
             output = message_text(reply).strip()
         except Exception as exc:
@@ -296,10 +309,9 @@ def create_speceyes_graph(
         query, settings = state["query"], state["settings"]
         try:
             text = prompts.question(query["question"], query["options"]) + prompts.speculator_suffix
-            messages = [
-                SystemMessage(content=prompts.speculator_system),
-                user_message(query["images"], text, speculator_resize, store),
-            ]
+            with deadline_scope(state.get("deadline")):
+                image = user_message(query["images"], text, speculator_resize, store)
+            messages = [SystemMessage(content=prompts.speculator_system), image]
             reply = call_model(state, speculator_model, messages, "speculator", **draft_kwargs)
         except Exception as exc:
             if settings["mode"] == "small":
@@ -395,8 +407,6 @@ def create_speceyes_graph(
         graph.add_node("agent_loop", agent_loop)
         graph.add_edge("agent_loop", END)
 
-    parallel = speculation == "parallel" and "speceyes" in available
-
     def after_intake(state: SpecEyesState) -> str | list[str]:
         if state.get("error"):
             return "invalid"
@@ -434,6 +444,13 @@ def create_speceyes_graph(
                 "judge", after_judge, {"no": "speculate", "yes": "agent_loop", "failed": END}
             )
     return graph
+
+
+def announces(model: Any) -> bool:
+    """Whether a model takes announcements of calls to come (``announce``)."""
+    while hasattr(model, "bound"):
+        model = model.bound
+    return callable(getattr(model, "announce", None))
 
 
 def handles_deadlines(model: Any) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import contextvars
+import hashlib
 import io
 import math
 import os
@@ -42,7 +43,7 @@ import numpy as np
 from PIL import Image
 
 from .blobs import BLOB_SCHEME, BlobStore, MemoryBlobs, blob_key, is_blob_key
-from .deadlines import time_left
+from .deadlines import EarliestDeadlineFirst, time_left
 from .sources import (
     ImageLoadError,
     ImagePolicy,
@@ -66,6 +67,7 @@ __all__ = [
     "encode_image",
     "encode_png",
     "load_image",
+    "pixel_key",
     "current_store",
     "put_bytes",
     "release",
@@ -132,6 +134,16 @@ def encode_png(arr: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(arr)).save(buf, format="PNG", compress_level=1)
     return buf.getvalue()
+
+
+def pixel_key(arr: np.ndarray) -> str:
+    """A ``blob://`` key naming an RGB array by its pixels (SHA-256 of its shape and bytes):
+    like a blob key, it always means the same pixels and cannot be guessed without them, but
+    needs no PNG encode (a few ms per megapixel instead of tens)."""
+    h, w = arr.shape[:2]
+    digest = hashlib.sha256(f"rgb8:{w}x{h}:".encode())
+    digest.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
+    return BLOB_SCHEME + digest.hexdigest()
 
 
 def encode_image(arr: np.ndarray, fmt: str = "PNG", quality: int = 92) -> str:
@@ -278,6 +290,8 @@ class ImageStore:
         blobs: where blob bytes live (default: :class:`~speceyes_tools.blobs.MemoryBlobs`,
             512 MiB); use :class:`~speceyes_tools.blobs.DirectoryBlobs` for servers.
         max_decode_bytes: decodes in flight at once, in bytes (file plus pixels); more wait.
+        workers: decodes and resizes running at once (default: one per CPU); waiting ones
+            go earliest query deadline first, so a batch's first queries are ready first.
     """
 
     def __init__(
@@ -287,11 +301,15 @@ class ImageStore:
         policy: ImagePolicy | None = None,
         blobs: BlobStore | None = None,
         max_decode_bytes: int = 1 << 30,
+        workers: int | None = None,
     ):
         self.max_bytes = max_bytes
         self.policy = policy or ImagePolicy()
         self.blobs: BlobStore = blobs if blobs is not None else MemoryBlobs()
         self.budget = _ByteBudget(max_decode_bytes)
+        self._work = EarliestDeadlineFirst(workers or os.cpu_count() or 1)
+        # views are encoded on demand when nothing outside this process can read the blobs
+        self.lazy_views = isinstance(self.blobs, MemoryBlobs)
         self.decodes = 0  # how many times an image was actually decoded (tests, benchmarks)
         self._cache: OrderedDict[Any, np.ndarray] = OrderedDict()
         self._bytes = 0
@@ -318,7 +336,10 @@ class ImageStore:
         (read once, under the policy), paths are resolved and checked, blob keys must exist."""
         kind = _kind(ref)
         if kind == "blob":
-            self.read(ref)  # raises if unknown
+            with self._lock:
+                known = ref in self._derived or ref in self._cache
+            if not known:
+                self.read(ref)  # raises if unknown
             return ref
         if kind == "data":
             return self.put(read_data_url(ref, self.policy))
@@ -333,10 +354,13 @@ class ImageStore:
             return data
         with self._lock:
             derivation = self._derived.get(key)
-        if derivation is not None:  # a view evicted from the blobs: render it again
-            data = self.blobs.get(self._render_view(*derivation))
-            if data is not None:
-                return data
+        if derivation is not None:  # a view not encoded yet, or evicted: encode it now
+            ref, resize, _ = derivation
+            with self._lock:
+                arr = self._cache.get(key)
+            data = encode_png(arr if arr is not None else self._view_array(ref, resize))
+            self.blobs.put(key, data)
+            return data
         if not is_blob_key(key):
             raise ImageLoadError(f"not a blob key: {redact(key)}")
         raise ImageLoadError(
@@ -373,7 +397,8 @@ class ImageStore:
                 if key in self._cache:
                     return self._cache[key]
             try:
-                arr = self._decode(load(), redact(ref))
+                with self._work("image decode"):
+                    arr = self._decode(load(), redact(ref))
             finally:
                 with self._lock:
                     self._loading.pop(key, None)
@@ -425,17 +450,30 @@ class ImageStore:
                 return key
         return self._render_view(ref, resize, source)
 
-    def _render_view(self, ref: str, resize: ResizeSpec | None, source: Any) -> str:
+    def _view_array(self, ref: str, resize: ResizeSpec | None) -> np.ndarray:
         arr = self.get(ref)
-        if resize is not None:
-            h, w = arr.shape[:2]
-            tw, th = resize.size(w, h)
-            if (tw, th) != (w, h):  # OpenCV on the cached array: no 4-byte PIL copy
-                import cv2
+        if resize is None:
+            return arr
+        h, w = arr.shape[:2]
+        tw, th = resize.size(w, h)
+        if (tw, th) == (w, h):
+            return arr
+        import cv2  # OpenCV on the cached array: no 4-byte PIL copy
 
-                interp = cv2.INTER_AREA if tw * th < w * h else cv2.INTER_CUBIC
-                arr = cv2.resize(arr, (tw, th), interpolation=interp)
-        key = self.put_array(arr)
+        interp = cv2.INTER_AREA if tw * th < w * h else cv2.INTER_CUBIC
+        with self._work("image resize"):
+            return cv2.resize(arr, (tw, th), interpolation=interp)
+
+    def _render_view(self, ref: str, resize: ResizeSpec | None, source: Any) -> str:
+        """Key the view, keep its pixels for local models, and (for blob stores other than
+        in-process memory) write its PNG now; in memory the PNG is written on first
+        :meth:`read`, by which only a served model or a caller asking for bytes waits."""
+        arr = self._view_array(ref, resize)
+        if self.lazy_views:
+            key = pixel_key(arr)
+        else:
+            with self._work("image encode"):
+                key = self.put_array(arr)
         self._remember(key, arr)  # a local model reads the view's pixels without a decode
         with self._lock:
             self._views[(source, resize)] = key

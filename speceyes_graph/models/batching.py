@@ -92,22 +92,38 @@ class BatchScheduler:
         self.max_wait_s = max_wait_s
         self.max_expect_s = max_expect_s
         self.stats = BatchStats()
-        self._expected: Counter = Counter()  # by key: announced by expect(), not yet submitted
+        self._expected: dict[Hashable, list[float]] = {}  # by key: expiry of each announcement
         self._queues: dict[Hashable, deque[_Request]] = {}
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def expect(self, key: Hashable, n: int = 1) -> None:
-        """Announce ``n`` requests with ``key`` on their way (negative: withdraw one that
+    def expect(self, key: Hashable, n: int = 1, ttl: float | None = None) -> None:
+        """Announce ``n`` requests with ``key`` on their way (negative: withdraw ones that
         will not come), so that the worker waits for them (up to ``max_expect_s``) instead
-        of only ``max_wait_s``. :meth:`submit` counts the announcement as fulfilled."""
+        of only ``max_wait_s``. :meth:`submit` counts an announcement as fulfilled; one
+        never fulfilled lapses after ``ttl`` seconds (default ``max_expect_s``), so a caller
+        that died between the two cannot hold batches up for longer than that."""
         with self._cond:
-            self._expected[key] = max(0, self._expected[key] + n)
-            if not self._expected[key]:
+            pending = self._expected.setdefault(key, [])
+            if n > 0:
+                pending.extend([time.monotonic() + (ttl or self.max_expect_s)] * n)
+            else:
+                del pending[:-n]
+            if not pending:
                 del self._expected[key]
             self._cond.notify_all()
+
+    def _announced(self, key: Hashable, now: float) -> int:
+        """Announcements of ``key`` still valid (lock held); lapsed ones are dropped."""
+        pending = self._expected.get(key)
+        if not pending:
+            return 0
+        pending[:] = [t for t in pending if t > now]
+        if not pending:
+            del self._expected[key]
+        return len(pending)
 
     def submit(self, key: Hashable, payload: Any) -> Future:
         """Queue one request; the future resolves to its result or raises its error."""
@@ -116,10 +132,11 @@ class BatchScheduler:
             if self._closed:
                 raise RuntimeError("the batch scheduler is closed")
             self._queues.setdefault(key, deque()).append(request)
-            if self._expected[key] > 1:
-                self._expected[key] -= 1
-            else:
-                self._expected.pop(key, None)
+            if self._announced(key, request.enqueued):
+                pending = self._expected[key]
+                pending.remove(min(pending))
+                if not pending:
+                    del self._expected[key]
             self._cond.notify_all()
         return request.future
 
@@ -178,7 +195,7 @@ class BatchScheduler:
                 full = [k for k, q in pending.items() if len(q) >= self.max_batch_size]
                 key = min(overdue or full or pending, key=lambda k: pending[k][0].enqueued)
                 queue = pending[key]
-                wait = self.max_expect_s if self._expected[key] > 0 else self.max_wait_s
+                wait = self.max_expect_s if self._announced(key, now) else self.max_wait_s
                 remaining = queue[0].enqueued + wait - now
                 if overdue or full or remaining <= 0 or self._closed:
                     return [queue.popleft() for _ in range(min(len(queue), self.max_batch_size))]

@@ -39,7 +39,12 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
-from speceyes_tools.deadlines import DeadlineExceeded, deadline_scope, time_left
+from speceyes_tools.deadlines import (
+    DeadlineExceeded,
+    EarliestDeadlineFirst,
+    deadline_scope,
+    time_left,
+)
 from speceyes_tools.images import ResizeSpec
 
 from ..protocol import parse_deepeyes
@@ -109,7 +114,8 @@ class ChatTransformersVLM(BaseChatModel):
     _scheduler: BatchScheduler | None = PrivateAttr(default=None)
     _escape: Any = PrivateAttr(default=None)
     _pieces: dict[int, str] = PrivateAttr(default_factory=dict)
-    _preparing: Any = PrivateAttr(default_factory=threading.Lock)
+    # one request prepared at a time, earliest deadline first (see EarliestDeadlineFirst)
+    _preparing: Any = PrivateAttr(default_factory=lambda: EarliestDeadlineFirst(1))
 
     @model_validator(mode="before")
     @classmethod
@@ -273,6 +279,14 @@ class ChatTransformersVLM(BaseChatModel):
                 raise ValueError(f"tool_choice {tool_choice!r} names no bound tool")
             prefill = "<tool_call>\n" + json.dumps({"name": tool_choice})[:-1] + ', "arguments": '
         return self.bind(tools=schemas, tool_prefill=prefill, **kwargs)
+
+    def announce(self, n: int = 1, ttl: float | None = 2.0, **call_kwargs: Any) -> None:
+        """Tell the batch worker that ``n`` calls with these generation settings are coming
+        (make each with ``announced=True``), so it does not launch a part-full batch
+        meanwhile. A graph announces a query's first model call when the query arrives,
+        before decoding its images; an announcement never made good lapses after ``ttl``."""
+        key, _ = self._settings(call_kwargs.pop("stop", None), call_kwargs)
+        self.scheduler.expect(key, n, ttl=ttl)
 
     # --- request preparation (caller's thread) -------------------------------------------------
 
@@ -487,12 +501,14 @@ class ChatTransformersVLM(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        announced = kwargs.pop("announced", False)
         key, request = self._settings(stop, kwargs)
-        # Announce the request before preparing it, so that a batch being formed waits for
-        # it (see BatchScheduler.expect); withdraw it if it will not come.
-        self.scheduler.expect(key)
+        # Announce the request before preparing it (unless the caller did, earlier: see
+        # announce), so that a batch being formed waits for it; withdraw it if it will not come.
+        if not announced:
+            self.scheduler.expect(key)
         try:
-            with self._preparing:
+            with self._preparing("request preparation"):
                 prepared = self._prepare(messages, **request)
         except BaseException:
             self.scheduler.expect(key, -1)
@@ -527,6 +543,8 @@ class ChatTransformersVLM(BaseChatModel):
         """Token by token from a generation in a thread of its own (the batch worker and
         other callers go on); the last chunk carries the reply's metadata and tool calls."""
         key, request = self._settings(stop, kwargs)
+        if kwargs.pop("announced", False):  # a stream is not batched: nothing to wait for
+            self.scheduler.expect(key, -1)
         prepared = self._prepare(messages, **request)
         stops: tuple = key[2]  # type: ignore[index]
         tokens: queue.SimpleQueue = queue.SimpleQueue()
