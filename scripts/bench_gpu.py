@@ -1,24 +1,42 @@
-"""Latency of the real architectures at full size (random weights, configs only, no download).
+"""The real architectures at full size (random weights, configs only, no download).
 
 Builds Qwen3-VL-2B-Instruct (the small model) and Qwen2.5-VL-7B (the DeepEyes / Thyme base)
 from their published dimensions with random bf16 weights on the GPU, wraps them in
-``ChatTransformersVLM`` and measures judge (10 tokens), speculation (20 tokens, top-64
-log-probs) and agent-step (128 tokens, image + zoomed crop) latency at batch 1, 8 and 32.
+``ChatTransformersVLM`` and measures, in one run:
+
+- ``latency``: judge (10 tokens), speculation (20 tokens, top-64 log-probs) and agent-step
+  (128 tokens, image + zoomed crop) latency at batch 1, 8 and 32;
+- ``ceiling``: ``graph.batch(N)`` against the raw model for the speculation and judge
+  phases (what ``scripts/bench_throughput.py`` does on the CPU checkpoints);
+- ``speculation``: ``speculation="after_judge"`` vs ``"parallel"`` on the mixed workload
+  (3 in 4 queries judged tool-free by a fixed table, since random weights answer noise;
+  tau at the median draft score; agent loops of ``--steps`` steps), side by side.
+
 Random weights rarely emit EOS, so every call generates its full length.
 
 On a GPU: python3 scripts/bench_gpu.py
-On a CPU, to check the script itself: python3 scripts/bench_gpu.py --scale tiny --batches 1 2
+On a CPU, to check the script itself:
+    python3 scripts/bench_gpu.py --scale tiny --batches 1 2 --n 8 --reps 1
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 from langchain_core.messages import AIMessage, SystemMessage
 
+from speceyes_graph import GateConfig, create_speceyes_graph
+from speceyes_graph.benchmarks.throughput import (
+    FixedDecisionJudge,
+    ceiling,
+    compare_speculation,
+    speculation_report,
+)
 from speceyes_graph.demo.tiny import _processor, build_qwen_vl, build_tokenizer
 from speceyes_graph.messages import user_message
 from speceyes_graph.models import ChatTransformersVLM
@@ -140,19 +158,82 @@ def build(kind: str, scale: str, device: str, dtype: torch.dtype) -> ChatTransfo
     )
 
 
-def image_ref(w: int, h: int, seed: int) -> str:
-    import io
-
-    from PIL import Image
-
+def scene(w: int, h: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     arr = np.full((h, w, 3), 240, np.uint8)
     for _ in range(20):
         x, y = int(rng.integers(0, w - 64)), int(rng.integers(0, h - 64))
         arr[y : y + 64, x : x + 64] = rng.integers(0, 255, 3)
+    return arr
+
+
+def image_ref(w: int, h: int, seed: int) -> str:
+    import io
+
+    from PIL import Image
+
     buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
+    Image.fromarray(scene(w, h, seed)).save(buf, format="PNG")
     return put_bytes(buf.getvalue())
+
+
+def graph_queries(folder: Path, n: int) -> list[dict]:
+    """N queries on 1920x1080 PNG files (each its own image, decoded cold by the graph)."""
+    from PIL import Image
+
+    queries = []
+    for i in range(n):
+        path = folder / f"q{i}.png"
+        Image.fromarray(scene(1920, 1080, 1000 + i)).save(path, compress_level=1)
+        queries.append(
+            {
+                "question": f"What is the color of the umbrella? (#{i})",
+                "images": [str(path)],
+                "options": ["red", "blue", "green", "black"],
+            }
+        )
+    return queries
+
+
+def graph_parts(small, large, args) -> None:
+    """Items 1 and 3 of the throughput work on these models (see the module docstring)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        queries = graph_queries(Path(tmp), args.n)
+        if "ceiling" in args.parts:
+            for phase in ("speculation", "judge"):
+                print(
+                    ceiling(
+                        phase, small=small, large=large, queries=queries, reps=args.reps
+                    ).report()
+                )
+        if "speculation" in args.parts:
+            decisions = {
+                q["question"]: ("yes" if i % 4 == 3 else "no") for i, q in enumerate(queries)
+            }
+            drafts = (
+                create_speceyes_graph(speculator=small, mode="small")
+                .compile()
+                .batch(queries, {"max_concurrency": len(queries)})
+            )
+            tau = float(np.median([d["draft"]["score"] for d in drafts]))
+
+            def make_graph(speculation: str):
+                return create_speceyes_graph(
+                    judge=FixedDecisionJudge(inner=large, decisions=decisions),
+                    speculator=small,
+                    agent=large,
+                    gate=GateConfig(tau=tau),
+                    max_agent_steps=args.steps,
+                    speculation=speculation,
+                )
+
+            results = compare_speculation(
+                make_graph, queries, {"small": small, "large": large}, reps=max(1, args.reps - 1)
+            )
+            print(
+                f"mixed workload, {len(queries)} queries, agent steps <= {args.steps} of {args.agent_tokens} tokens:"
+            )
+            print(speculation_report(results))
 
 
 def measure(model: ChatTransformersVLM, batch: list, reps: int, **kwargs) -> float:
@@ -176,6 +257,15 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--agent-tokens", type=int, default=128)
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=["latency", "ceiling", "speculation"],
+        default=["latency", "ceiling", "speculation"],
+    )
+    parser.add_argument("--n", type=int, default=64, help="queries for ceiling and speculation")
+    parser.add_argument("--batch", type=int, default=16, help="max_batch_size for those parts")
+    parser.add_argument("--steps", type=int, default=2, help="agent loop steps (speculation)")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -189,7 +279,7 @@ def main() -> None:
     q = format_question("What is the color of the umbrella?", ["red", "blue", "green", "black"])
     crop = image_ref(448, 448, 999)
     rows = []
-    for b in args.batches:
+    for b in args.batches if "latency" in args.parts else []:
         judge = [
             [
                 SystemMessage(content=JUDGE_SYSTEM_PROMPT),
@@ -224,6 +314,11 @@ def main() -> None:
             f"agent step ({args.agent_tokens} tok) {t_step * 1000:8.1f} ms   "
             f"(per query: {t_judge / b * 1000:.1f} / {t_draft / b * 1000:.1f} / {t_step / b * 1000:.1f} ms)"
         )
+    if {"ceiling", "speculation"} & set(args.parts):
+        for m in (small, large):
+            m.scheduler.max_batch_size = args.batch
+        large.max_new_tokens = args.agent_tokens
+        graph_parts(small, large, args)
     if device == "cuda":
         print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
 

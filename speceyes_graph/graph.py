@@ -5,14 +5,13 @@ query and starts the run clean; the large model judges whether tools are needed;
 tool-free queries get a draft from the small model; the draft is kept when its answer
 separability clears tau; everything else runs the agent loop.
 
-With ``speculation="parallel"`` the draft does not wait for the judge: ``intake`` fans out
-to ``judge`` and ``speculate`` at once and ``gate`` joins them, so a speculative query
-takes about max(judge, draft) instead of judge + draft (the small model runs on its own
-worker, or device). A draft whose query the judge sends to the agent is discarded and
-recorded (``draft["discarded"]``); the agent loop never sees it, so answers, routes and
-scores are those of the sequential funnel (``speculation="after_judge"``, the paper's). Under ``graph.batch()`` each
-query runs its own path concurrently, so (with a batching backend) model calls of many
-queries coalesce while slow tool loops proceed on their own.
+With ``speculation="parallel"`` the judge node starts the query's draft on the small
+model's worker before it calls the large model, and ``speculate`` collects it: a speculative
+query then takes about max(judge, draft) instead of judge + draft. When the judge asks for
+tools the query goes on to the agent loop at once; its draft is cancelled if it is still
+queued (it never reaches ``generate``) or discarded if it ran, and recorded
+(``draft["discarded"]``). The agent loop never sees it, so answers, routes and scores are
+those of the sequential funnel (``speculation="after_judge"``, the paper's).
 
 Failures are data: every node catches its own failures and records them in ``error``, so
 one broken image, hung model or malformed reply fails that query only (or, with
@@ -25,8 +24,13 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
-from collections.abc import Sequence
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,11 +48,14 @@ from speceyes_tools.deadlines import (
     call_with_deadline,
     check_deadline,
     deadline_scope,
+    start_in_background,
+    time_left,
 )
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store, store_scope
 
 from .agent import DEFAULT_MAX_STEPS, LoopOptions, create_agent_loop, recursion_limit
 from .messages import Protocol, for_model, user_message
+from .models.batching import CancelScope
 from .prompts import Prompts
 from .protocol import message_text
 from .query import read_query
@@ -80,6 +87,7 @@ _CLEAN_RUN: dict[str, Any] = {
     "stop_reason": None,
     "error": None,
     "query": None,
+    "pending_draft": None,
 }
 _FIRST_NODE = {"agent": "agent_loop", "small": "speculate", "speceyes": "judge"}  # by mode
 
@@ -203,6 +211,7 @@ def create_speceyes_graph(
     )
     judge_model = _internal(judge_raw, "judge")
     parallel = speculation == "parallel" and "speceyes" in available
+    drafts = _StartedDrafts()
     # a query's first model calls, announced at intake (see ChatTransformersVLM.announce)
     calls = {"judge": (judge_raw, judge_kwargs), "speculator": (speculator, draft_kwargs)}
     announced_calls = {
@@ -283,6 +292,7 @@ def create_speceyes_graph(
     def judge_node(state: SpecEyesState) -> dict[str, Any]:
         t0 = time.perf_counter()
         query = state["query"]
+        ticket = drafts.start(draft_reply, state) if parallel else None
         try:
             text = prompts.question(query["question"], query["options"]) + prompts.judge_suffix
             with deadline_scope(state.get("deadline")):  # image work goes by deadline
@@ -291,12 +301,19 @@ def create_speceyes_graph(
             reply = call_model(state, judge_model, messages, "judge", **judge_kwargs)
             output = message_text(reply).strip()
         except Exception as exc:
+            drafts.abandon(ticket)
             return failed(state, "judge", exc, t0)
-        return {
+        update: dict[str, Any] = {
             "judge_output": output,
             "route": None if parse_judge(output) else "judged-agentic",
             "timings": {"judge": time.perf_counter() - t0},
         }
+        if ticket is not None and update["route"] == "judged-agentic":
+            update["draft"] = {"text": "", "accepted": False, "discarded": True}
+            update["draft"]["note"] = drafts.abandon(ticket)
+        elif ticket is not None:
+            update["pending_draft"] = ticket
+        return update
 
     def after_judge(state: SpecEyesState) -> str:
         if state.get("error"):
@@ -304,16 +321,28 @@ def create_speceyes_graph(
         return "yes" if state.get("route") == "judged-agentic" else "no"
 
     # --- phase II ---------------------------------------------------------------------------------
+    def draft_reply(state: SpecEyesState) -> Any:
+        query = state["query"]
+        text = prompts.question(query["question"], query["options"]) + prompts.speculator_suffix
+        with deadline_scope(state.get("deadline")):
+            image = user_message(query["images"], text, speculator_resize, store)
+        messages = [SystemMessage(content=prompts.speculator_system), image]
+        return call_model(state, speculator_model, messages, "speculator", **draft_kwargs)
+
     def speculate_node(state: SpecEyesState) -> dict[str, Any]:
         t0 = time.perf_counter()
-        query, settings = state["query"], state["settings"]
+        settings = state["settings"]
         try:
-            text = prompts.question(query["question"], query["options"]) + prompts.speculator_suffix
-            with deadline_scope(state.get("deadline")):
-                image = user_message(query["images"], text, speculator_resize, store)
-            messages = [SystemMessage(content=prompts.speculator_system), image]
-            reply = call_model(state, speculator_model, messages, "speculator", **draft_kwargs)
+            # drafted while the judge ran (parallel speculation), else drafted now
+            started = drafts.take(state.get("pending_draft"))
+            if started is not None:
+                with deadline_scope(state.get("deadline")):
+                    reply = started.result(timeout=time_left(settings["model_timeout_s"]))
+            else:
+                reply = draft_reply(state)
         except Exception as exc:
+            if isinstance(exc, FutureTimeout):
+                exc = DeadlineExceeded("the draft started beside the judge did not finish in time")
             if settings["mode"] == "small":
                 return failed(state, "speculator", exc, t0)
             draft: Draft = {
@@ -331,22 +360,16 @@ def create_speceyes_graph(
     # --- phase III --------------------------------------------------------------------------------
     def gate_node(state: SpecEyesState) -> dict[str, Any]:
         draft = state.get("draft") or {}
-        if state.get("error"):  # the judge failed (parallel speculation joins here)
-            return {}
         if state["settings"]["mode"] == "small":
             return {"answer": draft.get("text") or None, "route": "draft-only"}
-        if state.get("route") == "judged-agentic":  # drafted in parallel, not needed
-            return {"draft": {**draft, "accepted": False, "discarded": True}}
         if draft.get("accepted"):
             return {"answer": draft.get("text"), "route": "speculative"}
         return {"route": "rejected-agentic"}
 
     def after_gate(state: SpecEyesState) -> str:
-        if state.get("error"):
-            return "failed"
-        if state.get("route") == "judged-agentic":
-            return "tools"
-        return "reject" if state.get("route") == "rejected-agentic" else "accept"
+        if state.get("route") == "rejected-agentic":
+            return "reject"
+        return "failed" if state.get("error") else "accept"
 
     # --- phase IV ---------------------------------------------------------------------------------
     if agent is not None:
@@ -407,19 +430,13 @@ def create_speceyes_graph(
         graph.add_node("agent_loop", agent_loop)
         graph.add_edge("agent_loop", END)
 
-    def after_intake(state: SpecEyesState) -> str | list[str]:
-        if state.get("error"):
-            return "invalid"
-        mode = state["settings"]["mode"]
-        return ["speceyes", "draft"] if parallel and mode == "speceyes" else mode
+    def after_intake(state: SpecEyesState) -> str:
+        return "invalid" if state.get("error") else state["settings"]["mode"]
 
     graph.add_node("intake", intake)
     graph.add_edge(START, "intake")
-    first = {m: _FIRST_NODE[m] for m in sorted(available)}
     graph.add_conditional_edges(
-        "intake",
-        after_intake,
-        {**first, **({"draft": "speculate"} if parallel else {}), "invalid": END},
+        "intake", after_intake, {**{m: _FIRST_NODE[m] for m in sorted(available)}, "invalid": END}
     )
     if speculator is not None:
         graph.add_node("speculate", speculate_node)
@@ -432,18 +449,60 @@ def create_speceyes_graph(
                 "accept": END,
                 "failed": END,
                 **({"reject": "agent_loop"} if agent is not None else {}),
-                **({"tools": "agent_loop"} if parallel else {}),
             },
         )
     if "speceyes" in available:
         graph.add_node("judge", judge_node)
-        if parallel:  # gate joins the judge and the draft of the same query
-            graph.add_edge("judge", "gate")
-        else:
-            graph.add_conditional_edges(
-                "judge", after_judge, {"no": "speculate", "yes": "agent_loop", "failed": END}
-            )
+        graph.add_conditional_edges(
+            "judge", after_judge, {"no": "speculate", "yes": "agent_loop", "failed": END}
+        )
     return graph
+
+
+class _StartedDrafts:
+    """Drafts started by the judge node (parallel speculation), by ticket, until ``speculate``
+    takes them or the judge abandons them. Only the ticket goes into graph state; a run
+    resumed elsewhere finds no draft under it and simply drafts again. Bounded, so tickets
+    of runs that never came back (interrupted, failed) cannot pile up."""
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._started: OrderedDict[str, tuple[Future, CancelScope]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def start(self, fn: Callable[..., Any], *args: Any) -> str:
+        scope = CancelScope()
+
+        def run() -> Any:
+            with scope.active():
+                return fn(*args)
+
+        ticket = uuid.uuid4().hex
+        future = start_in_background(run)
+        with self._lock:
+            self._started[ticket] = (future, scope)
+            while len(self._started) > self.limit:
+                _, (old, old_scope) = self._started.popitem(last=False)
+                old_scope.cancel()
+        return ticket
+
+    def take(self, ticket: str | None) -> Future | None:
+        with self._lock:
+            started = self._started.pop(ticket, None) if ticket else None
+        return None if started is None else started[0]
+
+    def abandon(self, ticket: str | None) -> str | None:
+        """Cancel a draft still queued, discard one that ran; say which."""
+        with self._lock:
+            started = self._started.pop(ticket, None) if ticket else None
+        if started is None:
+            return None
+        future, scope = started
+        if future.done():
+            return "drafted beside the judge, discarded: the judge asked for tools"
+        if scope.cancel():
+            return "drafted beside the judge, cancelled before it ran: the judge asked for tools"
+        return "drafted beside the judge, discarded while it ran: the judge asked for tools"
 
 
 def announces(model: Any) -> bool:

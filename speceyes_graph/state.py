@@ -72,7 +72,7 @@ class Draft(TypedDict, total=False):
     accepted: bool
     error: str | None  # why no score could be computed (then accepted is False)
     note: str | None  # e.g. scored with fewer than K competitors (GateConfig(clamp=True))
-    discarded: bool  # drafted in parallel with the judge, which then asked for tools
+    discarded: bool  # drafted beside the judge, which then asked for tools (note says how)
 
 
 class AgentStep(TypedDict, total=False):
@@ -184,6 +184,7 @@ class SpecEyesState(SpecEyesInput, SpecEyesOutput, total=False):
     query: Query  # the validated input (checkpointed; the raw input is not)
     settings: dict[str, Any]  # this run's resolved settings (see settings.RunSettings)
     deadline: float  # this query's absolute deadline, time.time() seconds
+    pending_draft: str | None  # ticket of a draft started beside the judge (parallel speculation)
 
 
 class SpecEyesContext(TypedDict, total=False):

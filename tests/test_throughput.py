@@ -190,7 +190,7 @@ class _Timed(ScriptedChatModel):
 
     def _generate(self, messages, stop=None, run_manager=None, **kwargs):
         start = time.monotonic()
-        time.sleep(self.delay)
+        time.sleep(self.delay if "tools" in question_of(messages) else 0.3)
         result = super()._generate(messages, stop, run_manager, **kwargs)
         self.spans.append((question_of(messages), start, time.monotonic()))
         return result
@@ -219,14 +219,53 @@ def test_parallel_speculation_drafts_while_the_judge_runs(scene):
     graph = create_speceyes_graph(
         judge=judge, speculator=draft, agent=agent, speculation="parallel"
     ).compile()
-    outs = [graph.invoke({"question": q, "images": [scene]}) for q in QUERIES]
-    assert [o["route"] for o in outs] == ["speculative", "rejected-agentic", "judged-agentic"]
-    assert [o["answer"] for o in outs] == ["A", "B", "B"]
+    outs = [graph.invoke({"question": q, "images": [scene]}) for q in QUERIES[:2]]
+    assert [o["route"] for o in outs] == ["speculative", "rejected-agentic"]
+    assert [o["answer"] for o in outs] == ["A", "B"]
     for (_, j0, j1), (_, d0, d1) in zip(judge.spans, draft.spans, strict=True):
         assert d0 < j1 and j0 < d1  # the draft ran during the judge, not after it
-    discarded = outs[2]["draft"]
-    assert discarded["discarded"] is True and discarded["accepted"] is False
-    assert "discarded" not in outs[0]["draft"] and "discarded" not in outs[1]["draft"]
+    assert all("discarded" not in o["draft"] for o in outs)
+
+
+def test_the_agent_does_not_wait_for_a_moot_draft(scene):
+    judge, draft, agent = _models()
+    draft.delay = 1.5  # a slow draft for a query the judge sends to the agent
+    graph = create_speceyes_graph(
+        judge=judge, speculator=draft, agent=agent, speculation="parallel"
+    ).compile()
+    out = graph.invoke({"question": "needs tools, certain", "images": [scene]})
+    finished = time.monotonic()
+    assert out["route"] == "judged-agentic" and out["answer"] == "B"
+    assert out["draft"]["discarded"] is True and out["draft"]["accepted"] is False
+    assert "the judge asked for tools" in out["draft"]["note"]
+    assert not draft.spans or draft.spans[0][2] > finished  # answered before the draft ended
+
+
+def test_a_queued_moot_draft_never_reaches_the_model(tiny_models, scene):
+    """A draft still waiting for its batch when the judge asks for tools is withdrawn."""
+    small = ChatTransformersVLM(
+        model=str(tiny_models["small"]), top_logprobs=8, max_new_tokens=4, max_wait_ms=5
+    )
+    judge = ScriptedChatModel(respond=lambda m: "yes")
+    agent = ScriptedChatModel(respond=lambda m: "<answer>B</answer>")
+    graph = create_speceyes_graph(
+        judge=judge, speculator=small, agent=agent, speculation="parallel"
+    ).compile()
+    hold = threading.Event()
+    original = small.scheduler.run_batch
+    small.scheduler.run_batch = lambda key, payloads: hold.wait(10) and original(key, payloads)
+    try:
+        busy = small.scheduler.submit(("busy",), None)  # occupies the worker
+        time.sleep(0.05)
+        out = graph.invoke({"question": "Colour?", "images": [scene]})
+    finally:
+        hold.set()
+        small.scheduler.run_batch = original
+    busy.exception(timeout=10)
+    assert out["route"] == "judged-agentic"
+    assert "cancelled before it ran" in out["draft"]["note"]
+    time.sleep(0.1)
+    assert small.scheduler.stats.requests == 1  # only the busy request ever ran
 
 
 def test_after_judge_drafts_only_tool_free_queries(scene):
@@ -250,15 +289,14 @@ def test_a_discarded_draft_is_not_the_agents_fallback(scene):
     assert out["stop_reason"] == "step_limit, no answer"  # as after_judge: no draft to fall to
 
 
-def test_parallel_speculation_is_drawn(scene):
+def test_parallel_speculation_keeps_the_funnel(scene):
     judge, draft, agent = _models()
-    graph = create_speceyes_graph(
-        judge=judge, speculator=draft, agent=agent, speculation="parallel"
-    ).compile()
-    drawn = graph.get_graph()
-    edges = {(e.source, e.target) for e in drawn.edges}
-    assert {("intake", "judge"), ("intake", "speculate"), ("judge", "gate")} <= edges
-    assert ("gate", "agent_loop") in edges
+    graphs = [
+        create_speceyes_graph(judge=judge, speculator=draft, agent=agent, speculation=s)
+        for s in ("after_judge", "parallel")
+    ]
+    edges = [{(e.source, e.target) for e in g.compile().get_graph().edges} for g in graphs]
+    assert edges[0] == edges[1]  # the same picture: only when the draft starts differs
     with pytest.raises(ValueError, match="speculation"):
         create_speceyes_graph(judge=judge, speculator=draft, agent=agent, speculation="eager")
 
@@ -326,3 +364,67 @@ def test_results_are_bit_identical_on_the_tiny_models(tiny_models, scene, monkey
     )
     assert parallel == after
     assert old == after
+
+
+# --- requests of other settings ride along a batch -------------------------------------------
+
+
+def test_shorter_requests_ride_along_a_longer_batch_never_the_reverse():
+    batches = []
+    release = threading.Event()
+
+    def run(key, payloads):
+        batches.append((key, list(payloads)))
+        release.wait(10)
+        return list(payloads)
+
+    scheduler = BatchScheduler(
+        run, max_batch_size=8, max_wait_s=0.01, can_join=lambda a, b: b[0] <= a[0]
+    )
+    blocker = scheduler.submit((1, "blocker"), "x")  # holds the worker while the rest queue
+    time.sleep(0.05)
+    agent = scheduler.submit_many((256, "agent"), ["a1", "a2"])
+    judge = scheduler.submit_many((10, "judge"), ["j1"])
+    release.set()
+    for f in [blocker, *agent, *judge]:
+        f.result(timeout=10)
+    assert batches[1][1] == ["a1", "a2", "j1"]  # the judge call rode along the agent batch
+    assert list(batches[1][0]) == [(256, "agent"), (256, "agent"), (10, "judge")]
+
+    batches.clear()
+    release.clear()
+    blocker = scheduler.submit((1, "blocker"), "x")
+    time.sleep(0.05)
+    judge = scheduler.submit_many((10, "judge"), ["j2"])
+    agent = scheduler.submit_many((256, "agent"), ["a3"])
+    release.set()
+    for f in [blocker, *agent, *judge]:
+        f.result(timeout=10)
+    assert [b[1] for b in batches[1:]] == [["j2"], ["a3"]]  # the longer one waits its turn
+    scheduler.close()
+
+
+def test_rows_with_their_own_lengths_and_stops_match_their_own_batches(tiny_chat):
+    """A batch mixing generation settings gives each row exactly what the same batch with
+    that row's settings gives it: greedy rows do not depend on when others stop."""
+    from langchain_core.messages import HumanMessage
+
+    from speceyes_graph.models.batching import RowKeys
+
+    large = tiny_chat["large"]
+    prepared = [large._prepare([HumanMessage(content=t)]) for t in ("a red cube", "two blue dots")]
+    long_key, _ = large._settings(None, {"max_tokens": 12})
+    alone = large._run_batch(long_key, prepared)
+    text = alone[1].content
+    assert len(text) > 3
+    stop = text[1:3]  # a stop string the second row is known to produce
+    short_key, _ = large._settings([stop], {"max_tokens": 12})
+    shorter_key, _ = large._settings(None, {"max_tokens": 4})
+    for row_key in (short_key, shorter_key):
+        same = large._run_batch(row_key, prepared)  # both rows with the second one's settings
+        mixed = large._run_batch(RowKeys([long_key, row_key]), prepared)
+        assert mixed[0].content == alone[0].content
+        assert mixed[0].response_metadata == alone[0].response_metadata
+        assert mixed[1].content == same[1].content
+        assert mixed[1].response_metadata == same[1].response_metadata
+        assert mixed[1].usage_metadata == same[1].usage_metadata

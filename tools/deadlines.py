@@ -33,6 +33,7 @@ __all__ = [
     "check_deadline",
     "current_deadline",
     "deadline_scope",
+    "start_in_background",
     "time_left",
 ]
 
@@ -75,6 +76,26 @@ class _Workers:
 
 
 _WORKERS = _Workers()
+
+
+def start_in_background(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future:
+    """Run ``fn(*args, **kwargs)`` on a reusable daemon thread, in a copy of the caller's
+    context (deadline, callbacks, tracing); the future holds its result or error."""
+    future: Future = Future()
+    ctx = contextvars.copy_context()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to whoever collects the future
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    _WORKERS.run(ctx, run)
+    return future
 
 
 class DeadlineExceeded(TimeoutError):

@@ -138,7 +138,7 @@ def _raw(phase, model, queries, prompts, max_tokens, store) -> tuple[float, floa
             for q in queries
         ]
     t1 = time.perf_counter()
-    size = model.max_batch_size
+    size = model.scheduler.max_batch_size  # the graph's batches are this big too
     for i in range(0, len(prepared), size):
         model._run_batch(key, prepared[i : i + size])
     return t1 - t0, time.perf_counter() - t1

@@ -8,6 +8,12 @@ worker thread per model drains them: it takes the oldest waiting request, waits 
 them as one batch. While a batch runs, the next one fills up, so under load batches form
 without any waiting at all.
 
+With ``can_join`` (``ChatTransformersVLM`` allows it for greedy requests that differ only
+in stop strings, or in length when the joining ones are no longer), waiting requests of
+other keys ride along a batch being launched instead of waiting for it to finish and then
+running their own: a judge call (10 tokens) joins a batch of agent steps (hundreds), never
+the reverse, so no batch runs longer for it.
+
 A caller announces its request (:meth:`BatchScheduler.expect`) as soon as it is called,
 before it spends milliseconds preparing it (chat template, image processing). The worker
 then waits for announced requests of the key it is filling (up to ``max_expect_s``)
@@ -24,21 +30,65 @@ batched call raises, its requests are retried one by one and only the broken one
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from speceyes_tools.deadlines import DeadlineExceeded, time_left
 
-__all__ = ["BatchScheduler", "BatchStats"]
+__all__ = ["BatchScheduler", "BatchStats", "CancelScope", "RowKeys"]
 
 log = logging.getLogger(__name__)
+
+
+class CancelScope:
+    """Requests submitted by calls made within :meth:`active` can be withdrawn together:
+    :meth:`cancel` drops those still queued (they never reach ``generate``; their callers
+    get ``CancelledError``). Parallel speculation uses it for drafts the judge made moot."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.dropped = 0
+        self._futures: list[Future] = []
+        self._lock = threading.Lock()
+
+    def add(self, future: Future) -> None:
+        with self._lock:
+            self._futures.append(future)
+            if self.cancelled and future.cancel():
+                self.dropped += 1
+
+    def cancel(self) -> int:
+        """Drop every request of this scope that has not started; returns how many."""
+        with self._lock:
+            self.cancelled = True
+            self.dropped += sum(f.cancel() for f in self._futures)
+            return self.dropped
+
+    @contextmanager
+    def active(self) -> Iterator[CancelScope]:
+        token = _CANCEL_SCOPE.set(self)
+        try:
+            yield self
+        finally:
+            _CANCEL_SCOPE.reset(token)
+
+
+_CANCEL_SCOPE: contextvars.ContextVar[CancelScope | None] = contextvars.ContextVar(
+    "speceyes_cancel_scope", default=None
+)
+
+
+class RowKeys(tuple):
+    """The key of a batch whose requests have different (compatible) keys: one per row."""
 
 
 @dataclass
@@ -83,6 +133,7 @@ class BatchScheduler:
         max_batch_size: int = 16,
         max_wait_s: float = 0.005,
         max_expect_s: float = 0.5,
+        can_join: Callable[[Hashable, Hashable], bool] | None = None,
         name: str = "speceyes-batcher",
     ):
         if max_batch_size < 1:
@@ -91,6 +142,7 @@ class BatchScheduler:
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         self.max_expect_s = max_expect_s
+        self.can_join = can_join
         self.stats = BatchStats()
         self._expected: dict[Hashable, list[float]] = {}  # by key: expiry of each announcement
         self._queues: dict[Hashable, deque[_Request]] = {}
@@ -153,6 +205,9 @@ class BatchScheduler:
     def call(self, key: Hashable, payload: Any) -> Any:
         """Submit and wait, at most until the caller's deadline (a queued request is dropped)."""
         future = self.submit(key, payload)
+        scope = _CANCEL_SCOPE.get()
+        if scope is not None:
+            scope.add(future)
         try:
             return future.result(timeout=time_left())
         except FutureTimeout:
@@ -198,8 +253,20 @@ class BatchScheduler:
                 wait = self.max_expect_s if self._announced(key, now) else self.max_wait_s
                 remaining = queue[0].enqueued + wait - now
                 if overdue or full or remaining <= 0 or self._closed:
-                    return [queue.popleft() for _ in range(min(len(queue), self.max_batch_size))]
+                    batch = [queue.popleft() for _ in range(min(len(queue), self.max_batch_size))]
+                    return batch + self._riders(key, pending, self.max_batch_size - len(batch))
                 self._cond.wait(remaining)
+
+    def _riders(self, key: Hashable, pending: dict, room: int) -> list[_Request]:
+        """Waiting requests of other keys that may join ``key``'s batch (lock held), oldest
+        first: they would otherwise wait for this batch to finish and then run their own."""
+        if self.can_join is None or room <= 0:
+            return []
+        others = [k for k in pending if k != key and pending[k] and self.can_join(key, k)]
+        waiting = sorted((r for k in others for r in pending[k]), key=lambda r: r.enqueued)[:room]
+        for r in waiting:
+            self._queues[r.key].remove(r)
+        return waiting
 
     def _loop(self) -> None:
         while True:
@@ -211,7 +278,8 @@ class BatchScheduler:
                 self._run(batch)
 
     def _run(self, batch: list[_Request]) -> None:
-        key = batch[0].key
+        keys = [r.key for r in batch]
+        key = keys[0] if len(set(keys)) == 1 else RowKeys(keys)
         started = time.monotonic()
         self.stats.calls += 1
         self.stats.requests += len(batch)

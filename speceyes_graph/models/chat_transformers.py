@@ -48,7 +48,7 @@ from speceyes_tools.deadlines import (
 from speceyes_tools.images import ResizeSpec
 
 from ..protocol import parse_deepeyes
-from .batching import BatchScheduler
+from .batching import BatchScheduler, RowKeys
 from .conversion import convert_messages, special_token_escaper
 from .image_cache import CachedImageProcessor, image_keys
 
@@ -96,6 +96,11 @@ class ChatTransformersVLM(BaseChatModel):
     max_batch_size: int = 16
     max_wait_ms: float = 5.0
     parse_tool_calls: bool = True
+    join_batches: bool = Field(
+        default=True,
+        description="Waiting greedy requests with other stop strings, or no more new tokens, "
+        "ride along a batch being launched instead of waiting for it and running their own.",
+    )
     image_cache_bytes: int = Field(
         default=1 << 30,
         ge=0,
@@ -114,6 +119,7 @@ class ChatTransformersVLM(BaseChatModel):
     _scheduler: BatchScheduler | None = PrivateAttr(default=None)
     _escape: Any = PrivateAttr(default=None)
     _pieces: dict[int, str] = PrivateAttr(default_factory=dict)
+    _stream: Any = PrivateAttr(default=None)
     # one request prepared at a time, earliest deadline first (see EarliestDeadlineFirst)
     _preparing: Any = PrivateAttr(default_factory=lambda: EarliestDeadlineFirst(1))
 
@@ -171,6 +177,7 @@ class ChatTransformersVLM(BaseChatModel):
             self._run_batch,
             max_batch_size=self.max_batch_size,
             max_wait_s=self.max_wait_ms / 1000,
+            can_join=_can_join if self.join_batches else None,
             name=f"batcher:{self.model}",
         )
 
@@ -348,7 +355,10 @@ class ChatTransformersVLM(BaseChatModel):
     def _run_batch(self, key: Hashable, prepared: Sequence[dict], streamer: Any = None) -> list:
         import torch
 
-        max_new, top_k, stops, temperature = key  # type: ignore[misc]
+        # one key for the batch, or one per row (requests that joined: see _can_join)
+        rows = list(key) if isinstance(key, RowKeys) else [key] * len(prepared)
+        max_new = max(k[0] for k in rows)
+        _, top_k, _, temperature = rows[0]
         tokenizer = self._processor.tokenizer
         inputs = self._collate(prepared)
         gen_kwargs: dict[str, Any] = {
@@ -361,34 +371,55 @@ class ChatTransformersVLM(BaseChatModel):
             gen_kwargs.update(do_sample=True, temperature=temperature)
         else:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if stops:
-            gen_kwargs.update(stop_strings=list(stops), tokenizer=tokenizer)
+        prompt_len = inputs["input_ids"].shape[1]
+        if len(set(rows)) == 1:
+            if rows[0][2]:
+                gen_kwargs.update(stop_strings=list(rows[0][2]), tokenizer=tokenizer)
+        else:  # each row stops at its own stop strings and length
+            gen_kwargs["stopping_criteria"] = _row_stopping(rows, prompt_len, tokenizer)
         if streamer is not None:
             gen_kwargs["streamer"] = streamer
-        with torch.inference_mode():
+        with torch.inference_mode(), self._own_stream():
             out = self._hf_model.generate(**inputs, **gen_kwargs)
-        prompt_len = inputs["input_ids"].shape[1]
-        generated = out.sequences[:, prompt_len:].tolist()
-        step_top = None
-        if top_k:  # per step: log-softmax of the raw logits, top-K only (never [B, T, V] at once)
-            step_top = []
-            for logits in out.logits:
-                logprobs = torch.log_softmax(logits.float(), dim=-1)
-                values, ids = torch.topk(logprobs, int(top_k), dim=-1)
-                step_top.append((values.cpu(), ids.cpu(), logprobs))
+            generated = out.sequences[:, prompt_len:].tolist()
+            step_top = None
+            if top_k:  # per step: log-softmax of the raw logits, top-K only (never [B, T, V])
+                step_top = []
+                for t, logits in enumerate(out.logits):
+                    logprobs = torch.log_softmax(logits.float(), dim=-1)
+                    values, ids = torch.topk(logprobs, int(top_k), dim=-1)
+                    chosen = out.sequences[:, prompt_len + t, None]  # the token each row took
+                    picked = logprobs.gather(-1, chosen)[:, 0]
+                    step_top.append((values.cpu(), ids.cpu(), picked.cpu()))
         eos = set(_as_list(self._hf_model.generation_config.eos_token_id)) | {
             tokenizer.pad_token_id
         }
         results = []
         for b, tokens in enumerate(generated):
             n_prompt = int(prepared[b]["inputs"]["input_ids"].shape[1])
+            row_max, _, row_stops, _ = rows[b]
             results.append(
                 self._decode(
-                    b, tokens, eos, stops, step_top, prepared[b]["tools"], n_prompt,
-                    prepared[b].get("prefix", ""),
+                    b, tokens[:row_max], eos, row_stops, step_top, prepared[b]["tools"],
+                    n_prompt, prepared[b].get("prefix", ""),
                 )
             )  # fmt: skip
         return results
+
+    def _own_stream(self) -> Any:
+        """On a GPU, this model's own CUDA stream: the small model's drafts and the large
+        model's judge calls (two workers) then run side by side instead of queueing on the
+        default stream. A no-op elsewhere."""
+        import contextlib
+
+        import torch
+
+        device = getattr(self._hf_model, "device", None)
+        if device is None or device.type != "cuda":
+            return contextlib.nullcontext()
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=device)
+        return torch.cuda.stream(self._stream)
 
     def _token_text(self, token_id: int) -> str:
         """One token's text, as ``decode([id])`` gives it; cached, since top-K log-probs
@@ -437,14 +468,13 @@ class ChatTransformersVLM(BaseChatModel):
         if step_top is not None:
             content = []
             for t in range(kept):
-                values, ids, full = step_top[t]
-                chosen = tokens[t]
+                values, ids, picked = step_top[t]
                 top = [
                     {"token": piece(i), "logprob": v}
                     for v, i in zip(values[b].tolist(), ids[b].tolist(), strict=True)
                 ]
                 content.append(
-                    {"token": pieces[t], "logprob": float(full[b, chosen]), "top_logprobs": top}
+                    {"token": pieces[t], "logprob": float(picked[b]), "top_logprobs": top}
                 )
             metadata["logprobs"] = {"content": content}
         usage = UsageMetadata(
@@ -628,6 +658,41 @@ class _TokenStreamer:
 
     def end(self) -> None:
         pass
+
+
+def _can_join(batch_key: Hashable, key: Hashable) -> bool:
+    """Whether a request with ``key`` may join a batch formed for ``batch_key``: both greedy
+    with the same log-prob setting, and it wants no more new tokens (so the batch runs no
+    longer for it). Stop strings may differ: each row stops at its own."""
+    max_new, top_k, _, temperature = batch_key  # type: ignore[misc]
+    other_max, other_top_k, _, other_temperature = key  # type: ignore[misc]
+    return temperature == other_temperature == 0.0 and top_k == other_top_k and other_max <= max_new
+
+
+def _row_stopping(rows: Sequence[tuple], prompt_len: int, tokenizer: Any) -> Any:
+    """Stopping criteria for a batch whose rows have their own stop strings and lengths."""
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList, StopStringCriteria
+
+    class Rows(StoppingCriteria):
+        def __init__(self, inner: Any, mask: list[bool]):
+            self.inner, self.mask = inner, torch.tensor(mask)
+
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            return self.inner(input_ids, scores, **kwargs) & self.mask.to(input_ids.device)
+
+    class RowLengths(StoppingCriteria):
+        def __init__(self, lengths: list[int]):
+            self.lengths = torch.tensor(lengths)
+
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            return (input_ids.shape[1] - prompt_len) >= self.lengths.to(input_ids.device)
+
+    criteria = StoppingCriteriaList([RowLengths([k[0] for k in rows])])
+    for stops in {k[2] for k in rows if k[2]}:
+        mask = [k[2] == stops for k in rows]
+        criteria.append(Rows(StopStringCriteria(tokenizer, list(stops)), mask))
+    return criteria
 
 
 def _as_list(x: Any) -> list:
