@@ -168,7 +168,22 @@ def mixed_workload(models: Path, queries: list[dict], steps: int) -> None:
         f"agent loop <= {steps} steps of <= 24 tokens"
     )
 
+    def counts():
+        return {
+            m: (x.scheduler.stats.calls, x.scheduler.stats.requests)
+            for m, x in (("small", small), ("large", large))
+        }
+
+    def batches(before, after):
+        return ", ".join(
+            f"{m} {after[m][0] - before[m][0]} calls (mean batch "
+            f"{(after[m][1] - before[m][1]) / max(1, after[m][0] - before[m][0]):.1f})"
+            for m in before
+        )
+
+    c0 = counts()
     ours, wall_ours = timed(lambda: graph.batch(queries, {"max_concurrency": len(queries)}))
+    c1 = counts()
 
     agent_only = create_speceyes_graph(agent=large, mode="agent", max_agent_steps=steps).compile()
     small_only = create_speceyes_graph(speculator=small, mode="small", gate=gate).compile()
@@ -201,6 +216,7 @@ def mixed_workload(models: Path, queries: list[dict], steps: int) -> None:
         return routes
 
     routes, wall_pub = timed(published)
+    c2 = counts()
     mix = {
         r: sum(o["route"] == r for o in ours)
         for r in ("speculative", "judged-agentic", "rejected-agentic")
@@ -211,10 +227,8 @@ def mixed_workload(models: Path, queries: list[dict], steps: int) -> None:
     print(
         f"   our scheduling: {wall_ours:6.2f} s   published lockstep schedule: {wall_pub:6.2f} s   -> {wall_pub / wall_ours:.2f}x"
     )
-    print(
-        f"   generate calls: small {small.scheduler.stats.calls}, large {large.scheduler.stats.calls} "
-        f"(mean batch {large.scheduler.stats.mean_batch:.1f})"
-    )
+    print(f"   generate calls, our scheduling: {batches(c0, c1)}")
+    print(f"   generate calls, published schedule: {batches(c1, c2)}")
 
 
 def main() -> None:

@@ -154,7 +154,11 @@ def build(kind: str, scale: str, device: str, dtype: torch.dtype) -> ChatTransfo
         f"{kind}: {type(model).__name__} {n / 1e9:.2f}B params, built in {time.perf_counter() - t0:.1f} s on {device}"
     )
     return ChatTransformersVLM.from_components(
-        model, processor, model=f"{kind}-{scale}", max_batch_size=64
+        model,
+        processor,
+        model=f"{kind}-{scale}",
+        max_batch_size=64,
+        top_logprobs=64 if kind == "small" else None,  # the speculator's gate needs them
     )
 
 

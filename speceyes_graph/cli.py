@@ -146,6 +146,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if role in specs and specs[role].resize is not None:
             settings[key] = specs[role].resize  # served: the family's image limits
     settings["gate"] = gate
+    if args.speculation:
+        settings["speculation"] = args.speculation
     builder = create_speceyes_graph(speculator=small, agent=large, mode=args.mode, **settings)
     graph = builder.compile()
     schedule = None
@@ -398,6 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="concurrent: everything overlapped and batched across queries (this package); "
         "official: lockstep chunks, the fallback one query at a time, as the published "
         "evaluation (use it for both runs to compare speedups with the paper)",
+    )
+    p.add_argument(
+        "--speculation",
+        choices=["after_judge", "parallel"],
+        default=None,
+        help="after_judge: draft after the judge says tool-free (the paper's funnel); parallel: "
+        "draft while the judge runs (default: the graph's; see docs/throughput.md)",
     )
     p.add_argument("--chunk-size", type=int, default=6, help="queries per chunk (official)")
     p.add_argument(

@@ -318,14 +318,15 @@ def _signature(out: dict) -> tuple:
 
 
 def _three_ways(models: dict, inputs: list[dict], monkeypatch, **settings) -> list[list[tuple]]:
-    """after_judge, parallel, and the old path (base64 images, no processed-image cache)."""
+    """after_judge, parallel, and the old path (base64 images, no processed-image or
+    vision-output cache)."""
     runs = []
     for speculation, refs in (("after_judge", True), ("parallel", True), ("after_judge", False)):
         monkeypatch.setattr(ChatTransformersVLM, "accepts_image_refs", refs)
         for m in models.values():
-            cache = m.processor.image_processor
-            cache.clear()
-            monkeypatch.setattr(cache, "max_bytes", cache.max_bytes if refs else 0)
+            for cache in (m.processor.image_processor, m.hf_model.base_model.get_image_features):
+                cache.clear()
+                monkeypatch.setattr(cache, "max_bytes", (1 << 30) if refs else 0)
         graph = create_speceyes_graph(
             speculator=models["small"], agent=models["large"], speculation=speculation, **settings
         ).compile()
@@ -345,6 +346,8 @@ def test_results_are_bit_identical_on_the_demo_models(tmp_path, monkeypatch):
     inputs = [{"question": q.question, "images": [q.image], "options": q.options} for q in queries]
     after, parallel, old = _three_ways(models, inputs, monkeypatch, **DEMO_GRAPH_SETTINGS)
     assert {s[0] for s in after} >= {"speculative", "judged-agentic"}
+    vision = models["large"].hf_model.base_model.get_image_features
+    assert vision.hits > 0  # the judge's image reused on the agent's turns
     assert parallel == after
     assert old == after
 

@@ -295,10 +295,16 @@ class SpeculationResult:
     batches: dict[str, float] = field(default_factory=dict)  # model -> mean batch size
     discarded: int = 0
     routes: dict[str, int] = field(default_factory=dict)
+    image_cache: dict[str, tuple[int, int]] = field(default_factory=dict)  # (hits, misses)
 
     @property
     def throughput(self) -> float:
         return self.n / statistics.median(self.wall_s)
+
+
+def _cache_counts(model: Any) -> tuple[int, int]:
+    cache = getattr(getattr(model, "processor", None), "image_processor", None)
+    return getattr(cache, "hits", 0), getattr(cache, "misses", 0)
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -330,8 +336,10 @@ def compare_speculation(
     for _rep in range(reps):
         for s in settings:
             result = results[s]
+            _cold(default_store(), *models.values())  # every run starts with cold images
             before = {
-                k: (m.scheduler.stats.calls, m.scheduler.stats.requests) for k, m in models.items()
+                k: (m.scheduler.stats.calls, m.scheduler.stats.requests, *_cache_counts(m))
+                for k, m in models.items()
             }
             t0 = time.perf_counter()
             for _, out in graphs[s].batch_as_completed(
@@ -345,10 +353,13 @@ def compare_speculation(
                 result.discarded += bool((out.get("draft") or {}).get("discarded"))
             result.wall_s.append(time.perf_counter() - t0)
             for k, m in models.items():
-                c0, r0 = before[k]
+                c0, r0, h0, m0 = before[k]
                 st = m.scheduler.stats
                 mean = (st.requests - r0) / max(1, st.calls - c0)
                 result.batches[k] = result.batches.get(k, 0.0) + mean / reps
+                hits, misses = _cache_counts(m)
+                h, mi = result.image_cache.get(k, (0, 0))
+                result.image_cache[k] = (h + (hits - h0) // reps, mi + (misses - m0) // reps)
     for s in settings:
         for q in inputs[:single]:
             t0 = time.perf_counter()
@@ -392,6 +403,9 @@ def speculation_report(results: dict[str, SpeculationResult]) -> str:
         )
     for k in a.batches:
         rows.append((f"mean batch, {k}", f"{a.batches[k]:.1f}", f"{p.batches.get(k, 0):.1f}"))
+    for k in a.image_cache:
+        (ah, am), (ph, pm) = a.image_cache[k], p.image_cache.get(k, (0, 0))
+        rows.append((f"images processed / reused, {k}", f"{am} / {ah}", f"{pm} / {ph}"))
     rows.append(("drafts discarded", str(a.discarded), str(p.discarded)))
     rows.append(("routes", _routes(a.routes), _routes(p.routes)))
     width = max(len(r[0]) for r in rows)

@@ -50,7 +50,7 @@ from speceyes_tools.images import ResizeSpec
 from ..protocol import parse_deepeyes
 from .batching import BatchScheduler, RowKeys
 from .conversion import convert_messages, special_token_escaper
-from .image_cache import CachedImageProcessor, image_keys
+from .image_cache import CachedImageProcessor, CachedVisionEncoder, image_keys, vision_keys
 
 __all__ = ["ChatTransformersVLM"]
 
@@ -100,6 +100,12 @@ class ChatTransformersVLM(BaseChatModel):
         default=True,
         description="Waiting greedy requests with other stop strings, or no more new tokens, "
         "ride along a batch being launched instead of waiting for it and running their own.",
+    )
+    vision_cache_bytes: int = Field(
+        default=256 << 20,
+        ge=0,
+        description="Vision-tower outputs kept for reuse, per image (exact; on the model's "
+        "device); 0: none.",
     )
     image_cache_bytes: int = Field(
         default=1 << 30,
@@ -172,6 +178,14 @@ class ChatTransformersVLM(BaseChatModel):
             if isinstance(images, CachedImageProcessor):
                 images = images.inner
             self._processor.image_processor = CachedImageProcessor(images, self.image_cache_bytes)
+        base = getattr(self._hf_model, "base_model", None)
+        visual = getattr(base, "visual", None)
+        if self.vision_cache_bytes and visual is not None and hasattr(base, "get_image_features"):
+            encode = base.get_image_features
+            if isinstance(encode, CachedVisionEncoder):
+                encode = encode.encode
+            merge = int(getattr(visual, "spatial_merge_size", 1) or 1)
+            base.get_image_features = CachedVisionEncoder(encode, merge, self.vision_cache_bytes)
         self._escape = special_token_escaper(self._processor.tokenizer)
         self._scheduler = BatchScheduler(
             self._run_batch,
@@ -322,7 +336,12 @@ class ChatTransformersVLM(BaseChatModel):
             inputs = self._processor(
                 text=[prompt + prefill], images=converted.images or None, return_tensors="pt"
             )
-        return {"inputs": dict(inputs), "tools": bool(tools), "prefix": prefill}
+        return {
+            "inputs": dict(inputs),
+            "tools": bool(tools),
+            "prefix": prefill,
+            "image_keys": converted.image_keys,
+        }
 
     # --- generation (the batch worker, or a streaming thread) ----------------------------------
 
@@ -379,7 +398,8 @@ class ChatTransformersVLM(BaseChatModel):
             gen_kwargs["stopping_criteria"] = _row_stopping(rows, prompt_len, tokenizer)
         if streamer is not None:
             gen_kwargs["streamer"] = streamer
-        with torch.inference_mode(), self._own_stream():
+        images = [k for p in prepared for k in p.get("image_keys", ())]
+        with torch.inference_mode(), self._own_stream(), vision_keys(images):
             out = self._hf_model.generate(**inputs, **gen_kwargs)
             generated = out.sequences[:, prompt_len:].tolist()
             step_top = None

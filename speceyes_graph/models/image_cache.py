@@ -16,13 +16,15 @@ processors do internally (``tests/test_throughput.py`` checks the result is equa
 from __future__ import annotations
 
 import contextvars
+import functools
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["CachedImageProcessor", "image_keys"]
+__all__ = ["CachedImageProcessor", "CachedVisionEncoder", "image_keys", "vision_keys"]
 
 _KEYS: contextvars.ContextVar[Sequence[str | None] | None] = contextvars.ContextVar(
     "speceyes_image_keys", default=None
@@ -109,3 +111,140 @@ class CachedImageProcessor:
         with self._lock:
             self._cache.clear()
             self._bytes = 0
+
+
+# --- the vision tower's output --------------------------------------------------------------
+
+_VISION_KEYS: contextvars.ContextVar[Sequence[str | None] | None] = contextvars.ContextVar(
+    "speceyes_vision_keys", default=None
+)
+
+
+@contextmanager
+def vision_keys(keys: Sequence[str | None]) -> Iterator[None]:
+    """Name the images, in batch order, of the ``generate`` call made inside the block."""
+    token = _VISION_KEYS.set(list(keys))
+    try:
+        yield
+    finally:
+        _VISION_KEYS.reset(token)
+
+
+class CachedVisionEncoder:
+    """Wraps a Qwen-VL base model's ``get_image_features``: each image's encoder output is
+    kept by content key and reused by later calls (the judge's image on the agent's turns,
+    the original image on every turn after a zoom).
+
+    Exact: an image's output does not depend on the other images encoded with it (checked
+    bitwise, fp32 and bf16, on the full-size Qwen2.5-VL-7B and Qwen3-VL-2B vision towers;
+    ``tests/test_throughput.py`` checks equal logits end to end), so images not cached are
+    encoded together, as without the cache, and split. Outputs are per-image tuples
+    (``pooler_output``), lists of them (``deepstack_features``) or tensors over all patches.
+    """
+
+    def __init__(self, encode: Any, merge_size: int, max_bytes: int = 256 << 20):
+        self.encode = encode
+        self.merge_size = merge_size
+        self.max_bytes = max_bytes
+        self.hits = 0
+        self.misses = 0
+        self._cache: OrderedDict[str, dict] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, encode)  # generate inspects the signature
+
+    def __call__(self, pixel_values: Any, image_grid_thw: Any = None, **kwargs: Any) -> Any:
+        keys = _VISION_KEYS.get()
+        if keys is None or image_grid_thw is None or len(keys) != len(image_grid_thw):
+            return self.encode(pixel_values, image_grid_thw, **kwargs)
+        if any(k is None for k in keys) or kwargs.get("return_dict") is False:
+            return self.encode(pixel_values, image_grid_thw, **kwargs)
+        import torch
+
+        patches = image_grid_thw.prod(-1).tolist()
+        starts = [0, *itertools.accumulate(patches)]
+        with self._lock:
+            found = {k: self._cache.get(k) for k in keys}
+        missing = [i for i, k in enumerate(keys) if found[k] is None]
+        if missing:  # encoded together, as without the cache, then split per image
+            pixels = torch.cat([pixel_values[starts[i] : starts[i + 1]] for i in missing])
+            out = self.encode(pixels, image_grid_thw[missing], **kwargs)
+            tokens = [patches[i] // self.merge_size**2 for i in missing]
+            for j, i in enumerate(missing):
+                found[keys[i]] = _one_image(out, j, tokens, [patches[m] for m in missing])
+            self._keep({keys[i]: found[keys[i]] for i in missing})
+        self.hits += len(keys) - len(missing)
+        self.misses += len(missing)
+        template = found[keys[0]]["__class__"]
+        fields = {
+            name: _join([found[k][name] for k in keys])
+            for name in found[keys[0]]
+            if name != "__class__"
+        }
+        return template(**fields)
+
+    def _keep(self, outputs: dict[str, dict]) -> None:
+        with self._lock:
+            for key, out in outputs.items():
+                if key in self._cache:
+                    continue
+                size = _nbytes(out)
+                if size > self.max_bytes:
+                    continue
+                self._cache[key] = out
+                self._bytes += size
+                while self._bytes > self.max_bytes and len(self._cache) > 1:
+                    _, old = self._cache.popitem(last=False)
+                    self._bytes -= _nbytes(old)
+            for key in outputs:
+                if key in self._cache:
+                    self._cache.move_to_end(key)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cache.clear()
+            self._bytes = 0
+
+
+def _one_image(out: Any, j: int, tokens: list[int], patches: list[int]) -> dict:
+    """Image ``j``'s part of an encoder output (per-image tuples, lists of them, or tensors
+    over all merged tokens or all patches)."""
+    import torch
+
+    def part(value: Any) -> Any:
+        if isinstance(value, tuple) and len(value) == len(tokens):
+            return (value[j],)
+        if isinstance(value, list):
+            return [part(v) for v in value]
+        if isinstance(value, torch.Tensor) and value.ndim >= 1:
+            for sizes in (patches, tokens):
+                if value.shape[0] == sum(sizes):
+                    start = sum(sizes[:j])
+                    return value[start : start + sizes[j]]
+        return value
+
+    one = {name: part(value) for name, value in out.items()}
+    one["__class__"] = type(out)
+    return one
+
+
+def _join(parts: list) -> Any:
+    import torch
+
+    first = parts[0]
+    if isinstance(first, tuple):
+        return tuple(t for p in parts for t in p)
+    if isinstance(first, list):
+        return [_join([p[i] for p in parts]) for i in range(len(first))]
+    if isinstance(first, torch.Tensor) and first.ndim >= 1:
+        return torch.cat(parts, dim=0)
+    return first
+
+
+def _nbytes(out: dict) -> int:
+    def size(value: Any) -> int:
+        if isinstance(value, (tuple, list)):
+            return sum(size(v) for v in value)
+        return int(getattr(value, "nbytes", 0))
+
+    return sum(size(v) for k, v in out.items() if k != "__class__")
