@@ -261,6 +261,7 @@ def create_speceyes_graph(
             return {**clean, **_overwrite_timings(failed({}, "settings", exc, t0))}
         clean["settings"] = settings.as_dict()
         clean["deadline"] = deadline = time.time() + settings.query_timeout_s
+        announced: list[tuple[Any, dict]] = []
         try:
             if settings.mode not in available:
                 raise ValueError(
@@ -272,11 +273,15 @@ def create_speceyes_graph(
                 # Tell the models' batch workers which calls this query will make, before
                 # the images are decoded: a batch forming meanwhile waits for them.
                 for what, modes in announced_calls.items():
-                    if settings.mode in modes and announces(calls[what][0]):
-                        calls[what][0].announce(**calls[what][1])
+                    model, kwargs = calls[what]
+                    if settings.mode in modes and announces(model):
+                        model.announce(**kwargs)
+                        announced.append((model, kwargs))
                 for ref in query["images"]:
                     store.get(ref)  # decode now: a broken image fails here, before any model
         except Exception as exc:
+            for model, kwargs in announced:  # those calls will not come
+                model.announce(-1, **kwargs)
             return {**clean, **_overwrite_timings(failed(clean, "input", exc, t0))}
         return {
             **clean,

@@ -3,7 +3,9 @@
 Graph state and checkpoints hold only ``blob://<sha256>`` keys; the bytes (a ``data:``
 input, a fetched URL, a zoomed crop, the image as a model sees it) live in a blob store.
 Keys are the SHA-256 of the bytes, so the same image stored twice is stored once, a key
-cannot be guessed without having the image, and a key always means the same pixels.
+cannot be guessed without having the image, and a key always means the same pixels. (A
+model view in an in-process store is keyed by the SHA-256 of its pixels instead, and its
+PNG written on first read: see ``ImageStore``; the same three properties hold.)
 
 - :class:`MemoryBlobs` (the default): an in-process LRU bounded by bytes, for scripts,
   notebooks and batch runs;

@@ -4,7 +4,9 @@ Used by ``scripts/bench_throughput.py`` (CPU: tiny and demo checkpoints) and
 ``scripts/bench_gpu.py`` (full-size architectures). Everything here measures and prints;
 nothing asserts a speed.
 
-- :func:`ceiling`: ``graph.batch(N)`` through one phase (judge or speculation) against the
+- :func:`ceiling`: the graph through one phase (speculation: ``graph.batch(N)`` in mode
+  ``small``; judge: N queries on N threads, as ``graph.batch`` runs them, each stopped after
+  its judge node) against the
   *raw ceiling*: the same requests built by the same prompt functions, prepared one after
   another and run straight through the model's batched path in batches of the same size.
   Both start cold (image store and processed-image cache cleared), as a real query does.
@@ -18,13 +20,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
-from langgraph.checkpoint.memory import InMemorySaver
 
 from speceyes_tools.images import ImageStore, default_store, store_scope
 
@@ -171,18 +173,16 @@ def ceiling(
         def run_graph(rep: int) -> None:
             compiled.batch(list(queries), {"max_concurrency": n})
 
-    else:  # through the judge node only: interrupted after it
+    else:  # the graph through its judge node: each query streamed, stopped after the judge
         model = large
-        graph = create_speceyes_graph(speculator=small, agent=large, store=store, **settings)
-        compiled = graph.compile(checkpointer=InMemorySaver(), interrupt_after=["judge"])
+        compiled = create_speceyes_graph(
+            speculator=small, agent=large, store=store, **settings
+        ).compile()
         max_tokens = settings.get("judge_max_tokens", 10)
 
         def run_graph(rep: int) -> None:
-            configs = [
-                {"configurable": {"thread_id": f"{rep}-{i}"}, "max_concurrency": n}
-                for i in range(n)
-            ]
-            compiled.batch(list(queries), configs)
+            with ThreadPoolExecutor(n) as pool:  # a thread per query, as graph.batch
+                list(pool.map(lambda q: _through_judge(compiled, q), queries))
 
     _cold(store, model)
     run_graph(-1)  # warm-up of both paths (first calls allocate, import, compile)
@@ -238,20 +238,28 @@ def orchestration_ms(
     instant = _Instant(respond=lambda m: reply)
     if phase == "speculation":
         graph = create_speceyes_graph(speculator=instant, mode="small", store=store).compile()
-    else:  # judge says "no", the instant draft is accepted: judge, speculate, gate
+    else:  # intake and judge, as the judge phase is measured
         judge = _Instant(respond=lambda m: "no")
         graph = create_speceyes_graph(
             judge=judge, speculator=instant, agent=instant, store=store
         ).compile()
+    run = graph.invoke if phase == "speculation" else (lambda q: _through_judge(graph, q))
     for q in queries[:4]:
-        graph.invoke(q)
+        run(q)
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         for q in queries:
-            graph.invoke(q)
+            run(q)
         times.append((time.perf_counter() - t0) / len(queries))
     return 1000 * min(times)
+
+
+def _through_judge(graph: Any, query: dict) -> None:
+    """Run ``graph`` on ``query`` up to and including its judge node, then stop it."""
+    for update in graph.stream(query, stream_mode="updates"):
+        if "judge" in update or "intake" in update and update["intake"].get("error"):
+            return
 
 
 class _Instant(ScriptedChatModel):
