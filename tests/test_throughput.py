@@ -431,3 +431,36 @@ def test_rows_with_their_own_lengths_and_stops_match_their_own_batches(tiny_chat
         assert mixed[1].content == same[1].content
         assert mixed[1].response_metadata == same[1].response_metadata
         assert mixed[1].usage_metadata == same[1].usage_metadata
+
+
+def test_the_cpu_gate_goes_by_deadline_and_is_reentrant():
+    from speceyes_tools.deadlines import EarliestDeadlineFirst, deadline_scope
+
+    gate = EarliestDeadlineFirst(1)
+    order = []
+    release = threading.Event()
+
+    def holder():
+        with gate("hold"):
+            with gate("nested"):  # same thread: no second slot, no deadlock
+                release.wait(10)
+
+    def waiter(name, deadline):
+        with deadline_scope(deadline), gate(name):
+            order.append(name)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    time.sleep(0.05)
+    now = time.time()
+    waiters = [
+        threading.Thread(target=waiter, args=(name, now + d))
+        for name, d in (("late", 60), ("early", 10), ("middle", 30))
+    ]
+    for w in waiters:
+        w.start()
+        time.sleep(0.02)
+    release.set()
+    for w in [t, *waiters]:
+        w.join(timeout=10)
+    assert order == ["early", "middle", "late"]

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 __all__ = [
     "DeadlineExceeded",
     "EarliestDeadlineFirst",
+    "cpu_work",
     "call_with_deadline",
     "check_deadline",
     "current_deadline",
@@ -197,7 +198,8 @@ class EarliestDeadlineFirst:
     the same time and the first ``generate`` waits for the last preparation. Admitting the
     query with the earliest deadline (the one that started first, since deadlines are start +
     timeout) lets the first batch start after a quarter of the work, with the rest prepared
-    while it runs. A waiter gives up at its own deadline.
+    while it runs. A waiter gives up at its own deadline. Reentrant: work nested in work
+    (a request preparation that has to decode an image) runs in the slot it already holds.
     """
 
     def __init__(self, slots: int):
@@ -208,13 +210,19 @@ class EarliestDeadlineFirst:
         self._waiting: list[tuple[float, int, threading.Event]] = []
         self._order = itertools.count()
         self._lock = threading.Lock()
+        self._held_here = threading.local()  # nested use in one thread takes no second slot
 
     @contextmanager
     def __call__(self, what: str = "work") -> Iterator[None]:
+        if getattr(self._held_here, "depth", 0):  # reentrant: the thread already has a slot
+            yield
+            return
         self._acquire(what)
+        self._held_here.depth = 1
         try:
             yield
         finally:
+            self._held_here.depth = 0
             with self._lock:
                 self._hand_over()
 
@@ -243,3 +251,21 @@ class EarliestDeadlineFirst:
             heapq.heappop(self._waiting)[2].set()
         else:
             self._held -= 1
+
+
+_CPU_WORK: EarliestDeadlineFirst | None = None
+_CPU_WORK_LOCK = threading.Lock()
+
+
+def cpu_work() -> EarliestDeadlineFirst:
+    """The process-wide gate for CPU-heavy per-query work (image decodes and resizes, model
+    request preparation): one slot per CPU, earliest deadline first. One gate for every
+    stage, so a query further along (preparing its model call, whose deadline is its call's)
+    goes before a query just arriving (decoding its image)."""
+    global _CPU_WORK
+    with _CPU_WORK_LOCK:
+        if _CPU_WORK is None:
+            import os
+
+            _CPU_WORK = EarliestDeadlineFirst(os.cpu_count() or 1)
+        return _CPU_WORK

@@ -43,7 +43,7 @@ import numpy as np
 from PIL import Image
 
 from .blobs import BLOB_SCHEME, BlobStore, MemoryBlobs, blob_key, is_blob_key
-from .deadlines import EarliestDeadlineFirst, time_left
+from .deadlines import EarliestDeadlineFirst, cpu_work, time_left
 from .sources import (
     ImageLoadError,
     ImagePolicy,
@@ -290,8 +290,10 @@ class ImageStore:
         blobs: where blob bytes live (default: :class:`~speceyes_tools.blobs.MemoryBlobs`,
             512 MiB); use :class:`~speceyes_tools.blobs.DirectoryBlobs` for servers.
         max_decode_bytes: decodes in flight at once, in bytes (file plus pixels); more wait.
-        workers: decodes and resizes running at once (default: one per CPU); waiting ones
-            go earliest query deadline first, so a batch's first queries are ready first.
+        workers: decodes and resizes running at once (default: the process-wide
+            :func:`~speceyes_tools.deadlines.cpu_work` gate, one per CPU, shared with model
+            request preparation); waiting ones go earliest deadline first, so a batch's first
+            queries are ready first.
     """
 
     def __init__(
@@ -307,7 +309,7 @@ class ImageStore:
         self.policy = policy or ImagePolicy()
         self.blobs: BlobStore = blobs if blobs is not None else MemoryBlobs()
         self.budget = _ByteBudget(max_decode_bytes)
-        self._work = EarliestDeadlineFirst(workers or os.cpu_count() or 1)
+        self._work = EarliestDeadlineFirst(workers) if workers else cpu_work()
         # views are encoded on demand when nothing outside this process can read the blobs
         self.lazy_views = isinstance(self.blobs, MemoryBlobs)
         self.decodes = 0  # how many times an image was actually decoded (tests, benchmarks)

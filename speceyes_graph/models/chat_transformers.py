@@ -39,12 +39,7 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
-from speceyes_tools.deadlines import (
-    DeadlineExceeded,
-    EarliestDeadlineFirst,
-    deadline_scope,
-    time_left,
-)
+from speceyes_tools.deadlines import DeadlineExceeded, cpu_work, deadline_scope, time_left
 from speceyes_tools.images import ResizeSpec
 
 from ..protocol import parse_deepeyes
@@ -126,8 +121,8 @@ class ChatTransformersVLM(BaseChatModel):
     _escape: Any = PrivateAttr(default=None)
     _pieces: dict[int, str] = PrivateAttr(default_factory=dict)
     _stream: Any = PrivateAttr(default=None)
-    # one request prepared at a time, earliest deadline first (see EarliestDeadlineFirst)
-    _preparing: Any = PrivateAttr(default_factory=lambda: EarliestDeadlineFirst(1))
+    # preparation shares the process-wide CPU gate with image work, earliest deadline first
+    _preparing: Any = PrivateAttr(default_factory=cpu_work)
 
     @model_validator(mode="before")
     @classmethod
