@@ -212,12 +212,15 @@ def create_speceyes_graph(
     judge_model = _internal(judge_raw, "judge")
     parallel = speculation == "parallel" and "speceyes" in available
     drafts = _StartedDrafts()
-    # a query's first model calls, announced at intake (see ChatTransformersVLM.announce)
+    # Model calls are announced to the model's batch worker as soon as they are certain (see
+    # ChatTransformersVLM.announce): a query's first calls at intake, a draft after the judge
+    # found the query tool-free. By mode: calls announced at intake, and calls made announced.
     calls = {"judge": (judge_raw, judge_kwargs), "speculator": (speculator, draft_kwargs)}
-    announced_calls = {
+    at_intake = {
         "judge": ("speceyes",),
         "speculator": ("small", "speceyes") if parallel else ("small",),
     }
+    announced_calls = {"judge": ("speceyes",), "speculator": ("small", "speceyes")}
     speculator_model = _internal(speculator, "speculator")
     token_models = [m for m in (judge_raw, speculator, agent) if m is not None]
 
@@ -272,7 +275,7 @@ def create_speceyes_graph(
                 query = read_query(state, store, limits, token_models)
                 # Tell the models' batch workers which calls this query will make, before
                 # the images are decoded: a batch forming meanwhile waits for them.
-                for what, modes in announced_calls.items():
+                for what, modes in at_intake.items():
                     model, kwargs = calls[what]
                     if settings.mode in modes and announces(model):
                         model.announce(**kwargs)
@@ -318,6 +321,8 @@ def create_speceyes_graph(
             update["draft"]["note"] = drafts.abandon(ticket)
         elif ticket is not None:
             update["pending_draft"] = ticket
+        elif update["route"] is None and announces(speculator):
+            speculator.announce(**draft_kwargs)  # the draft comes next: let its batch wait
         return update
 
     def after_judge(state: SpecEyesState) -> str:

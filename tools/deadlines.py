@@ -34,6 +34,7 @@ __all__ = [
     "check_deadline",
     "current_deadline",
     "deadline_scope",
+    "query_deadline",
     "start_in_background",
     "time_left",
 ]
@@ -42,6 +43,9 @@ T = TypeVar("T")
 
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "speceyes_deadline", default=None
+)
+_OUTERMOST: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "speceyes_query_deadline", default=None
 )
 
 
@@ -123,10 +127,19 @@ def deadline_scope(at: float | None) -> Iterator[None]:
     outer = _DEADLINE.get()
     effective = at if outer is None else (outer if at is None else min(at, outer))
     token = _DEADLINE.set(effective)
+    first = _OUTERMOST.set(effective) if _OUTERMOST.get() is None else None
     try:
         yield
     finally:
+        if first is not None:
+            _OUTERMOST.reset(first)
         _DEADLINE.reset(token)
+
+
+def query_deadline() -> float | None:
+    """The outermost deadline in this context: the query's, when a graph node set it (a model
+    call's own timeout only tightens :func:`current_deadline`). Work is ordered by it."""
+    return _OUTERMOST.get()
 
 
 def check_deadline(what: str) -> None:
@@ -231,7 +244,7 @@ class EarliestDeadlineFirst:
             if self._held < self.slots and not self._waiting:
                 self._held += 1
                 return
-            deadline = current_deadline()
+            deadline = query_deadline()  # the query's: its oldest work goes first, any stage
             granted = threading.Event()
             entry = (float("inf") if deadline is None else deadline, next(self._order), granted)
             heapq.heappush(self._waiting, entry)
@@ -260,8 +273,7 @@ _CPU_WORK_LOCK = threading.Lock()
 def cpu_work() -> EarliestDeadlineFirst:
     """The process-wide gate for CPU-heavy per-query work (image decodes and resizes, model
     request preparation): one slot per CPU, earliest deadline first. One gate for every
-    stage, so a query further along (preparing its model call, whose deadline is its call's)
-    goes before a query just arriving (decoding its image)."""
+    stage, so an older query's model request goes before a newer query's image decode."""
     global _CPU_WORK
     with _CPU_WORK_LOCK:
         if _CPU_WORK is None:
