@@ -291,8 +291,8 @@ class ImageStore:
             512 MiB); use :class:`~speceyes_tools.blobs.DirectoryBlobs` for servers.
         max_decode_bytes: decodes in flight at once, in bytes (file plus pixels); more wait.
         workers: decodes and resizes running at once (default: the process-wide
-            :func:`~speceyes_tools.deadlines.cpu_work` gate, one per CPU, shared with model
-            request preparation); waiting ones go earliest deadline first, so a batch's first
+            :func:`~speceyes_tools.deadlines.cpu_work` gate, a slot per CPU but one, shared
+            with model request preparation); waiting ones go earliest deadline first, so a batch's first
             queries are ready first.
     """
 

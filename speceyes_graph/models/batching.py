@@ -66,12 +66,13 @@ class CancelScope:
             if self.cancelled and future.cancel():
                 self.dropped += 1
 
-    def cancel(self) -> int:
-        """Drop every request of this scope that has not started; returns how many."""
+    def cancel(self) -> bool:
+        """Drop every request of this scope that has not started, and any submitted later;
+        True if none of them reached the model."""
         with self._lock:
             self.cancelled = True
             self.dropped += sum(f.cancel() for f in self._futures)
-            return self.dropped
+            return all(f.cancelled() for f in self._futures)
 
     @contextmanager
     def active(self) -> Iterator[CancelScope]:
