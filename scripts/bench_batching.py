@@ -24,15 +24,12 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, SystemMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
-from PIL import Image
+from langchain_core.messages import SystemMessage
 
 from speceyes_graph import GateConfig, create_speceyes_graph
+from speceyes_graph.benchmarks.throughput import FixedDecisionJudge, shape_queries
 from speceyes_graph.messages import user_message
 from speceyes_graph.models import ChatTransformersVLM
 from speceyes_graph.prompts import (
@@ -41,51 +38,6 @@ from speceyes_graph.prompts import (
     SPECULATOR_SYSTEM_PROMPT,
     format_question,
 )
-from speceyes_graph.protocol import message_text
-
-QUESTIONS = [
-    "What colour is the shape?",
-    "Is there a square?",
-    "Where is the object?",
-    "How big is it?",
-]
-
-
-class FixedDecisionJudge(BaseChatModel):
-    """Runs the real model (real cost) but answers yes/no from a fixed table."""
-
-    inner: Any
-    decisions: dict[str, str]
-
-    @property
-    def _llm_type(self) -> str:
-        return "fixed-decision-judge"
-
-    def _generate(self, messages, stop=None, run_manager=None, **kwargs) -> ChatResult:
-        self.inner.invoke(messages, **kwargs)
-        text = message_text(messages[-1])
-        decision = next((v for k, v in self.decisions.items() if k in text), "yes")
-        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=decision))])
-
-
-def make_queries(folder: Path, n: int) -> list[dict]:
-    rng = np.random.default_rng(0)
-    queries = []
-    for i in range(n):
-        w, h = int(rng.integers(300, 900)), int(rng.integers(240, 700))
-        arr = np.full((h, w, 3), 245, np.uint8)
-        x, y = int(rng.integers(0, w - 40)), int(rng.integers(0, h - 40))
-        arr[y : y + 40, x : x + 40] = rng.integers(0, 255, 3)
-        path = folder / f"q{i}.png"
-        Image.fromarray(arr).save(path)
-        queries.append(
-            {
-                "question": f"{QUESTIONS[i % 4]} (#{i})",
-                "images": [str(path)],
-                "options": ["red", "blue", "green", "yellow"],
-            }
-        )
-    return queries
 
 
 def timed(fn):
@@ -252,7 +204,7 @@ def main() -> None:
             models = make_tiny_models(Path(tmp) / "models")["small"].parent
         qdir = Path(tmp) / "queries"
         qdir.mkdir()
-        queries = make_queries(qdir, args.n)
+        queries = shape_queries(qdir, args.n)
         speculation_throughput(models, queries)
         orchestration_overhead(models, queries)
         mixed_workload(models, queries, args.steps)

@@ -23,38 +23,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
 from speceyes_graph import GateConfig, create_speceyes_graph
 from speceyes_graph.benchmarks.throughput import (
     FixedDecisionJudge,
     ceiling,
     compare_speculation,
+    shape_queries,
     speculation_report,
 )
 from speceyes_graph.models import ChatTransformersVLM
-
-QUESTIONS = ["What colour is the shape?", "Is there a square?", "Where is it?", "How big is it?"]
-
-
-def tiny_queries(folder: Path, n: int) -> list[dict]:
-    rng = np.random.default_rng(0)
-    queries = []
-    for i in range(n):
-        w, h = int(rng.integers(300, 900)), int(rng.integers(240, 700))
-        arr = np.full((h, w, 3), 245, np.uint8)
-        x, y = int(rng.integers(0, w - 40)), int(rng.integers(0, h - 40))
-        arr[y : y + 40, x : x + 40] = rng.integers(0, 255, 3)
-        path = folder / f"q{i}.png"
-        Image.fromarray(arr).save(path)
-        queries.append(
-            {
-                "question": f"{QUESTIONS[i % 4]} (#{i})",
-                "images": [str(path)],
-                "options": ["red", "blue", "green", "yellow"],
-            }
-        )
-    return queries
 
 
 def setup(kind: str, folder: Path, n: int, batch: int):
@@ -85,7 +63,7 @@ def setup(kind: str, folder: Path, n: int, batch: int):
         model=str(paths["small"]), top_logprobs=64, max_new_tokens=20, max_batch_size=batch
     )
     large = ChatTransformersVLM(model=str(paths["large"]), max_new_tokens=24, max_batch_size=batch)
-    queries = tiny_queries(folder, n)
+    queries = shape_queries(folder, n)
     decisions = {q["question"]: ("yes" if i % 4 == 3 else "no") for i, q in enumerate(queries)}
     drafts = (
         create_speceyes_graph(speculator=small, mode="small")

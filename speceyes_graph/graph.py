@@ -54,7 +54,7 @@ from speceyes_tools.deadlines import (
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store, store_scope
 
 from .agent import DEFAULT_MAX_STEPS, LoopOptions, create_agent_loop, recursion_limit
-from .messages import Protocol, for_model, user_message
+from .messages import Protocol, bare_model, for_model, user_message
 from .models.batching import CancelScope
 from .prompts import Prompts
 from .protocol import message_text
@@ -212,15 +212,14 @@ def create_speceyes_graph(
     judge_model = _internal(judge_raw, "judge")
     parallel = speculation == "parallel" and "speceyes" in available
     drafts = _StartedDrafts()
-    # Model calls are announced to the model's batch worker as soon as they are certain (see
-    # ChatTransformersVLM.announce): a query's first calls at intake, a draft after the judge
-    # found the query tool-free. By mode: calls announced at intake, and calls made announced.
+    # Every judge and draft call is announced to its model's batch worker as soon as it is
+    # certain (ChatTransformersVLM.announce): the query's first calls at intake, a draft the
+    # judge found tool-free when it says so; the calls themselves then say announced=True.
     calls = {"judge": (judge_raw, judge_kwargs), "speculator": (speculator, draft_kwargs)}
     at_intake = {
         "judge": ("speceyes",),
         "speculator": ("small", "speceyes") if parallel else ("small",),
     }
-    announced_calls = {"judge": ("speceyes",), "speculator": ("small", "speceyes")}
     speculator_model = _internal(speculator, "speculator")
     token_models = [m for m in (judge_raw, speculator, agent) if m is not None]
 
@@ -239,8 +238,8 @@ def create_speceyes_graph(
         return {"error": message, "timings": {phase: time.perf_counter() - t0}}
 
     def call_model(state: SpecEyesState, model: Any, messages: list, what: str, **kwargs):
-        if state["settings"]["mode"] in announced_calls.get(what, ()) and announces(model):
-            kwargs["announced"] = True  # intake told its batch worker this call is coming
+        if announces(model):
+            kwargs["announced"] = True  # see `calls` above
         with deadline_scope(state.get("deadline")), store_scope(store):
             check_deadline(what)
             return call_with_deadline(
@@ -278,13 +277,13 @@ def create_speceyes_graph(
                 for what, modes in at_intake.items():
                     model, kwargs = calls[what]
                     if settings.mode in modes and announces(model):
-                        model.announce(**kwargs)
+                        bare_model(model).announce(**kwargs)
                         announced.append((model, kwargs))
                 for ref in query["images"]:
                     store.get(ref)  # decode now: a broken image fails here, before any model
         except Exception as exc:
             for model, kwargs in announced:  # those calls will not come
-                model.announce(-1, **kwargs)
+                bare_model(model).announce(-1, **kwargs)
             return {**clean, **_overwrite_timings(failed(clean, "input", exc, t0))}
         return {
             **clean,
@@ -321,8 +320,8 @@ def create_speceyes_graph(
             update["draft"]["note"] = drafts.abandon(ticket)
         elif ticket is not None:
             update["pending_draft"] = ticket
-        elif update["route"] is None and announces(speculator):
-            speculator.announce(**draft_kwargs)  # the draft comes next: let its batch wait
+        elif update["route"] is None and announces(speculator):  # the draft comes next
+            bare_model(speculator).announce(**draft_kwargs)
         return update
 
     def after_judge(state: SpecEyesState) -> str:
@@ -517,16 +516,12 @@ class _StartedDrafts:
 
 def announces(model: Any) -> bool:
     """Whether a model takes announcements of calls to come (``announce``)."""
-    while hasattr(model, "bound"):
-        model = model.bound
-    return callable(getattr(model, "announce", None))
+    return callable(getattr(bare_model(model), "announce", None))
 
 
 def handles_deadlines(model: Any) -> bool:
     """Whether a model (or a binding of one) honours the deadline context itself."""
-    while hasattr(model, "bound"):
-        model = model.bound
-    return bool(getattr(model, "handles_deadlines", False))
+    return bool(getattr(bare_model(model), "handles_deadlines", False))
 
 
 def _internal(model: BaseChatModel | None, name: str) -> Any:

@@ -37,6 +37,7 @@ from .protocol import format_tool_call, message_text
 __all__ = [
     "Protocol",
     "accepts_image_refs",
+    "bare_model",
     "dehydrate",
     "for_model",
     "hydrate",
@@ -138,11 +139,16 @@ def hydrate(messages: Sequence[BaseMessage], store: ImageStore | None = None) ->
     return [_map_images(m, fill) for m in messages]
 
 
-def accepts_image_refs(model: Any) -> bool:
-    """Whether a model (or a binding of one) resolves ``blob://`` references itself."""
+def bare_model(model: Any) -> Any:
+    """The chat model under any bindings (``with_config``, ``bind``), to read its traits."""
     while hasattr(model, "bound"):
         model = model.bound
-    return bool(getattr(model, "accepts_image_refs", False))
+    return model
+
+
+def accepts_image_refs(model: Any) -> bool:
+    """Whether a model (or a binding of one) resolves ``blob://`` references itself."""
+    return bool(getattr(bare_model(model), "accepts_image_refs", False))
 
 
 def for_model(

@@ -177,21 +177,12 @@ def call_with_deadline(
     if inline:
         with deadline_scope(time.time() + limit):
             return fn(*args, **kwargs)
-    future: Future = Future()
-    ctx = contextvars.copy_context()
 
-    def run() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            with deadline_scope(time.time() + limit):
-                result = fn(*args, **kwargs)
-        except BaseException as exc:  # handed to the waiting caller
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
+    def bounded() -> T:
+        with deadline_scope(time.time() + limit):
+            return fn(*args, **kwargs)
 
-    _WORKERS.run(ctx, run)
+    future = start_in_background(bounded)
     try:
         return future.result(timeout=limit)
     except FutureTimeout:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from langchain_core.language_models import BaseChatModel
@@ -39,6 +40,7 @@ from ..protocol import message_text
 __all__ = [
     "CeilingResult",
     "FixedDecisionJudge",
+    "shape_queries",
     "SpeculationResult",
     "ceiling",
     "compare_speculation",
@@ -267,6 +269,39 @@ class _Instant(ScriptedChatModel):
 
     handles_deadlines: ClassVar[bool] = True
     accepts_image_refs: ClassVar[bool] = True
+
+
+def shape_queries(folder: Path, n: int, seed: int = 0) -> list[dict]:
+    """N queries on their own small PNG files (a coloured square on grey, 300-900 px), four
+    question kinds in turn: the workload the CPU benchmarks share."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    queries = []
+    for i in range(n):
+        w, h = int(rng.integers(300, 900)), int(rng.integers(240, 700))
+        arr = np.full((h, w, 3), 245, np.uint8)
+        x, y = int(rng.integers(0, w - 40)), int(rng.integers(0, h - 40))
+        arr[y : y + 40, x : x + 40] = rng.integers(0, 255, 3)
+        path = folder / f"q{i}.png"
+        Image.fromarray(arr).save(path)
+        queries.append(
+            {
+                "question": f"{_QUESTIONS[i % 4]} (#{i})",
+                "images": [str(path)],
+                "options": ["red", "blue", "green", "yellow"],
+            }
+        )
+    return queries
+
+
+_QUESTIONS = (
+    "What colour is the shape?",
+    "Is there a square?",
+    "Where is the object?",
+    "How big is it?",
+)
 
 
 # --- parallel vs sequential speculation ------------------------------------------------------

@@ -32,13 +32,51 @@ _KEYS: contextvars.ContextVar[Sequence[str | None] | None] = contextvars.Context
 
 
 @contextmanager
-def image_keys(keys: Sequence[str | None]) -> Iterator[None]:
-    """Name the images of the processor call made inside the block (None: no name)."""
-    token = _KEYS.set(list(keys))
+def _naming(var: contextvars.ContextVar, keys: Sequence[str | None]) -> Iterator[None]:
+    token = var.set(list(keys))
     try:
         yield
     finally:
-        _KEYS.reset(token)
+        var.reset(token)
+
+
+def image_keys(keys: Sequence[str | None]) -> Any:
+    """Name the images of the processor call made inside the block (None: no name)."""
+    return _naming(_KEYS, keys)
+
+
+class _BytesLRU:
+    """Values kept by key, least recently used dropped first, bounded by total bytes."""
+
+    def __init__(self, max_bytes: int, size: Any):
+        self.max_bytes = max_bytes
+        self.size = size
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: Any, value: Any) -> None:
+        size = self.size(value)
+        with self._lock:
+            if key in self._items or size > self.max_bytes:
+                return
+            self._items[key] = value
+            self._bytes += size
+            while self._bytes > self.max_bytes and len(self._items) > 1:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= self.size(old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
 
 
 def _flat(images: Any) -> list:
@@ -52,15 +90,20 @@ class CachedImageProcessor:
 
     def __init__(self, inner: Any, max_bytes: int = 1 << 30):
         self.inner = inner
-        self.max_bytes = max_bytes
         self.hits = 0
         self.misses = 0
-        self._cache: OrderedDict[tuple, dict] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._cache = _BytesLRU(max_bytes, _nbytes)
+
+    @property
+    def max_bytes(self) -> int:
+        return self._cache.max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value: int) -> None:
+        self._cache.max_bytes = value
 
     def __getattr__(self, name: str) -> Any:  # everything else is the wrapped processor's
-        if name == "inner":
+        if name in ("inner", "_cache"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
@@ -89,28 +132,17 @@ class CachedImageProcessor:
         return BatchFeature(joined, tensor_type="pt")
 
     def _one(self, image: Any, key: tuple, kwargs: dict) -> dict:
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                self.hits += 1
-                return hit
+        hit = self._cache.get(key)
+        if hit is not None:
+            self.hits += 1
+            return hit
         out = dict(self.inner([image], **kwargs))
-        size = sum(getattr(v, "nbytes", 0) for v in out.values())
-        with self._lock:
-            self.misses += 1
-            if key not in self._cache and size <= self.max_bytes:
-                self._cache[key] = out
-                self._bytes += size
-                while self._bytes > self.max_bytes and len(self._cache) > 1:
-                    _, old = self._cache.popitem(last=False)
-                    self._bytes -= sum(getattr(v, "nbytes", 0) for v in old.values())
+        self.misses += 1
+        self._cache.put(key, out)
         return out
 
     def clear(self) -> None:
-        with self._lock:
-            self._cache.clear()
-            self._bytes = 0
+        self._cache.clear()
 
 
 # --- the vision tower's output --------------------------------------------------------------
@@ -120,14 +152,9 @@ _VISION_KEYS: contextvars.ContextVar[Sequence[str | None] | None] = contextvars.
 )
 
 
-@contextmanager
-def vision_keys(keys: Sequence[str | None]) -> Iterator[None]:
+def vision_keys(keys: Sequence[str | None]) -> Any:
     """Name the images, in batch order, of the ``generate`` call made inside the block."""
-    token = _VISION_KEYS.set(list(keys))
-    try:
-        yield
-    finally:
-        _VISION_KEYS.reset(token)
+    return _naming(_VISION_KEYS, keys)
 
 
 class CachedVisionEncoder:
@@ -145,13 +172,18 @@ class CachedVisionEncoder:
     def __init__(self, encode: Any, merge_size: int, max_bytes: int = 256 << 20):
         self.encode = encode
         self.merge_size = merge_size
-        self.max_bytes = max_bytes
         self.hits = 0
         self.misses = 0
-        self._cache: OrderedDict[str, dict] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._cache = _BytesLRU(max_bytes, _nbytes)
         functools.update_wrapper(self, encode)  # generate inspects the signature
+
+    @property
+    def max_bytes(self) -> int:
+        return self._cache.max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value: int) -> None:
+        self._cache.max_bytes = value
 
     def __call__(self, pixel_values: Any, image_grid_thw: Any = None, **kwargs: Any) -> Any:
         keys = _VISION_KEYS.get()
@@ -163,8 +195,7 @@ class CachedVisionEncoder:
 
         patches = image_grid_thw.prod(-1).tolist()
         starts = [0, *itertools.accumulate(patches)]
-        with self._lock:
-            found = {k: self._cache.get(k) for k in keys}
+        found = {k: self._cache.get(k) for k in keys}
         missing = [i for i, k in enumerate(keys) if found[k] is None]
         if missing:  # encoded together, as without the cache, then split per image
             pixels = torch.cat([pixel_values[starts[i] : starts[i + 1]] for i in missing])
@@ -172,7 +203,8 @@ class CachedVisionEncoder:
             tokens = [patches[i] // self.merge_size**2 for i in missing]
             for j, i in enumerate(missing):
                 found[keys[i]] = _one_image(out, j, tokens, [patches[m] for m in missing])
-            self._keep({keys[i]: found[keys[i]] for i in missing})
+            for i in missing:
+                self._cache.put(keys[i], found[keys[i]])
         self.hits += len(keys) - len(missing)
         self.misses += len(missing)
         template = found[keys[0]]["__class__"]
@@ -183,27 +215,8 @@ class CachedVisionEncoder:
         }
         return template(**fields)
 
-    def _keep(self, outputs: dict[str, dict]) -> None:
-        with self._lock:
-            for key, out in outputs.items():
-                if key in self._cache:
-                    continue
-                size = _nbytes(out)
-                if size > self.max_bytes:
-                    continue
-                self._cache[key] = out
-                self._bytes += size
-                while self._bytes > self.max_bytes and len(self._cache) > 1:
-                    _, old = self._cache.popitem(last=False)
-                    self._bytes -= _nbytes(old)
-            for key in outputs:
-                if key in self._cache:
-                    self._cache.move_to_end(key)
-
     def clear(self) -> None:
-        with self._lock:
-            self._cache.clear()
-            self._bytes = 0
+        self._cache.clear()
 
 
 def _one_image(out: Any, j: int, tokens: list[int], patches: list[int]) -> dict:
@@ -242,6 +255,8 @@ def _join(parts: list) -> Any:
 
 
 def _nbytes(out: dict) -> int:
+    """Bytes of the tensors in a cached output (nested tuples and lists included)."""
+
     def size(value: Any) -> int:
         if isinstance(value, (tuple, list)):
             return sum(size(v) for v in value)
