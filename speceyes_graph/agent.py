@@ -39,10 +39,18 @@ from speceyes_tools.deadlines import (
     deadline_scope,
 )
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store, store_scope
+from speceyes_tools.python_tool import sandbox_image_path
 
-from .messages import Protocol, dehydrate, for_model, to_wire, user_message
-from .prompts import NATIVE_AGENT_SYSTEM_PROMPT, Prompts, tools_system_prompt
-from .protocol import extract_answer, message_text, parse_deepeyes
+from .messages import Protocol, bare_model, dehydrate, for_model, to_wire, user_message
+from .prompts import (
+    NATIVE_AGENT_SYSTEM_PROMPT,
+    THYME_STOP,
+    THYME_SYSTEM_PROMPT,
+    Prompts,
+    thyme_user_prompt,
+    tools_system_prompt,
+)
+from .protocol import extract_answer, message_text, parse_deepeyes, parse_thyme
 from .state import AgentStep, Draft, merge_timings
 
 __all__ = [
@@ -54,6 +62,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_STEPS = 6
+THYME_MAX_STEPS = 5  # the published harness's MAX_ITERATIONS
 
 
 @dataclass(frozen=True)
@@ -135,11 +144,38 @@ def create_agent_loop(
             [convert_to_openai_tool(t) for t in tools]
         )
         bound = model
+    elif protocol == "thyme":
+        if len(tools) != 1:
+            raise ValueError(
+                f"the thyme protocol runs one code tool, got {sorted(tool_names) or 'none'}"
+            )
+        system = prompts.agent_system or THYME_SYSTEM_PROMPT
+        bound = model
     else:
         system = prompts.agent_system or NATIVE_AGENT_SYSTEM_PROMPT
         bound = model.bind_tools(tools) if tools else model
     bound = bound.with_config(tags=[TAG_NOSTREAM], run_name="agent_model")
-    stop = {"stop": list(options.stop)} if protocol == "deepeyes" and options.stop else {}
+    stops = options.stop
+    if protocol == "thyme" and stops == LoopOptions.stop:
+        stops = THYME_STOP
+    stop = {"stop": list(stops)} if protocol in ("deepeyes", "thyme") and stops else {}
+    # A served model continues Thyme's assistant turn when the server is told to (vLLM and
+    # SGLang: continue_final_message); a local ChatTransformersVLM does it by itself.
+    served = hasattr(bare_model(model), "extra_body") and protocol == "thyme"
+    code_tool = next(iter(tool_names), "python_sandbox")
+
+    def first_message(state: AgentLoopState) -> HumanMessage:
+        question, images = state.get("question"), state.get("images")
+        if protocol == "thyme":
+            path, size = (
+                sandbox_image_path(images[0], store) if images else ("(no image)", (0, 0))
+            )
+            text = thyme_user_prompt(prompts.agent_question(question, state.get("options")), path, size)
+        else:
+            text = prompts.question(question, state.get("options"))
+            if protocol == "deepeyes":
+                text += prompts.agent_suffix
+        return user_message(images, text, resize, store)
 
     def steps_allowed(state: AgentLoopState) -> int:
         return state.get("max_steps") or max_steps
@@ -153,16 +189,20 @@ def create_agent_loop(
             with deadline_scope(state.get("deadline")), store_scope(store):
                 check_deadline("agent loop")
                 if not history:
-                    text = prompts.question(state.get("question"), state.get("options"))
-                    if protocol == "deepeyes":
-                        text += prompts.agent_suffix
-                    new.append(user_message(state.get("images"), text, resize, store))
+                    new.append(first_message(state))
                 wire = to_wire(
                     history + new,
                     protocol,
                     prompts.tool_response_instruction,
                     options.tool_response_text,
                 )
+                extra = {}
+                if served and wire and isinstance(wire[-1], AIMessage):
+                    extra["extra_body"] = {
+                        **(getattr(bare_model(model), "extra_body", None) or {}),
+                        "continue_final_message": True,
+                        "add_generation_prompt": False,
+                    }
                 t0 = time.perf_counter()
                 reply = call_with_deadline(
                     bound.invoke,
@@ -171,6 +211,7 @@ def create_agent_loop(
                     what="agent model call",
                     inline=getattr(model, "handles_deadlines", False),
                     **stop,
+                    **extra,
                 )
                 latency = time.perf_counter() - t0
         except Exception as exc:  # the model failed: this query fails, the batch goes on
@@ -190,6 +231,9 @@ def create_agent_loop(
                 if c["name"] not in tool_names
             ]
             answer = None
+        elif protocol == "thyme":
+            parsed = parse_thyme(text, code_tool)
+            calls, problems, answer = parsed.tool_calls, parsed.problems, parsed.answer
         elif protocol == "deepeyes" or "<tool_call>" in text:
             parsed = parse_deepeyes(text, tool_names)
             calls, problems, answer = parsed.tool_calls, parsed.problems, parsed.answer
@@ -208,7 +252,10 @@ def create_agent_loop(
             "problem": "; ".join(problems) or None,
         }
         correction = None
-        if not calls and answer is None:
+        ended = None
+        if protocol == "thyme" and not calls and answer is None:
+            ended = "no code and no answer"  # the published loop stops here
+        elif not calls and answer is None:
             # nothing to do: the `correct` node sends the published nudge (the instruction
             # again) or, with explain_problems, what went wrong first
             correction = prompts.agent_suffix
@@ -223,11 +270,12 @@ def create_agent_loop(
             "steps": [step],
             "answer": answer,
             "correction": correction,
+            **({"stop_reason": ended} if ended else {}),
         }
 
     # Routers return edge labels (drawn on the workflow picture).
     def route(state: AgentLoopState) -> Literal["tool call", "malformed", "answer", "step limit"]:
-        if state.get("error") or state.get("answer") is not None:
+        if state.get("error") or state.get("answer") is not None or state.get("stop_reason"):
             return "answer"
         if len(state.get("steps") or []) >= steps_allowed(state):
             return "step limit"
@@ -271,6 +319,10 @@ def create_agent_loop(
             reason = state.get("stop_reason") or "error"
         elif answer is not None:
             reason = "answered"
+        elif state.get("stop_reason"):
+            draft = state.get("draft") or {}
+            answer = draft.get("text") or None
+            reason = state["stop_reason"] + (", answered with the draft" if answer else "")
         elif options.on_step_limit == "error":
             reason = "step_limit"
             error = f"agent: no answer after {len(steps)} steps (step limit)"
@@ -343,6 +395,9 @@ def _attach_tool_results(steps: list[dict], messages: Sequence[AnyMessage]) -> N
             call["box"] = artifact.get("box")
             call["notes"] = artifact.get("notes")
             call["latency_s"] = artifact.get("latency_s")
+            for key in ("code", "stdout", "stderr", "images", "overhead_s", "timed_out"):
+                if key in artifact:  # the code tool's trace
+                    call[key] = artifact[key]
             call["error"] = (
                 message_text(tm)
                 if tm.status == "error" or message_text(tm).startswith("Error")

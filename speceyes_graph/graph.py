@@ -53,7 +53,13 @@ from speceyes_tools.deadlines import (
 )
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store, store_scope
 
-from .agent import DEFAULT_MAX_STEPS, LoopOptions, create_agent_loop, recursion_limit
+from .agent import (
+    DEFAULT_MAX_STEPS,
+    THYME_MAX_STEPS,
+    LoopOptions,
+    create_agent_loop,
+    recursion_limit,
+)
 from .messages import Protocol, bare_model, for_model, user_message
 from .models.batching import CancelScope
 from .prompts import Prompts
@@ -89,6 +95,8 @@ _CLEAN_RUN: dict[str, Any] = {
     "query": None,
     "pending_draft": None,
 }
+_AUTO_PROTOCOL = {("image_zoom_in_tool",): "deepeyes", ("python_sandbox",): "thyme"}
+THYME_TAU = 0.95  # the published threshold of the Thyme runs
 _FIRST_NODE = {"agent": "agent_loop", "small": "speculate", "speceyes": "judge"}  # by mode
 
 
@@ -117,7 +125,7 @@ def create_speceyes_graph(
     speculation: Speculation = "after_judge",
     gate: GateConfig | str | Path | None = None,
     speculator_as_judge: bool = False,
-    max_agent_steps: int = DEFAULT_MAX_STEPS,
+    max_agent_steps: int | None = None,
     judge_max_tokens: int | None = 10,
     draft_max_tokens: int | None = 20,
     protocol: Protocol | Literal["auto"] = "auto",
@@ -149,12 +157,15 @@ def create_speceyes_graph(
             ``aggregation``.
         speculator_as_judge: use the small model as the judge (the paper's ablation).
         max_agent_steps: model turns of the agent loop (per run: ``max_agent_steps``, up to
-            ``limits.max_agent_steps``).
+            ``limits.max_agent_steps``); default 6, or Thyme's published 5.
         judge_max_tokens, draft_max_tokens: generation lengths of phases I and II (the
             published 10 and 20), passed to the models as ``max_tokens``; None leaves the
             model's own setting.
-        protocol: ``deepeyes`` (tool calls as text), ``native`` (structured tool calls), or
-            ``auto``: ``deepeyes`` when the toolset is exactly ``image_zoom_in_tool``.
+        protocol: ``deepeyes`` (tool calls as text), ``thyme`` (the model writes Python that
+            runs in the OS sandbox, ``tools="thyme"``), ``native`` (structured tool calls), or
+            ``auto``: ``deepeyes`` when the toolset is exactly ``image_zoom_in_tool``,
+            ``thyme`` when it is exactly ``python_sandbox``. Thyme runs default to the
+            published Thyme prompts (``Prompts.thyme()``) and tau 0.95.
         resize: how the large model's processor resizes images (the frame of its boxes);
             by default taken from the agent model when it exposes ``resize_spec``
             (``ChatTransformersVLM`` does), else Qwen2.5-VL's defaults.
@@ -167,11 +178,29 @@ def create_speceyes_graph(
         loop: the agent loop's protocol options (:class:`LoopOptions`; defaults: the
             published DeepEyes format, stop strings on each step).
     """
-    gate = GateConfig.load(gate) if isinstance(gate, (str, Path)) else (gate or GateConfig())
-    prompts = prompts or Prompts()
     store = store or default_store()
     limits = limits or Limits()
     resize = resize or getattr(agent, "resize_spec", None) or ResizeSpec()
+    tool_list: list[BaseTool] = []
+    chosen = protocol
+    if agent is not None:
+        toolset = tools if isinstance(tools, Sequence) and not isinstance(tools, str) else None
+        tool_list = (
+            list(toolset)
+            if toolset is not None
+            else build_tools(load_toolset(tools), resize=resize, store=store)
+        )
+        if chosen == "auto":
+            chosen = _AUTO_PROTOCOL.get(tuple(t.name for t in tool_list), "native")
+    thyme = chosen == "thyme"
+    gate = (
+        GateConfig.load(gate)
+        if isinstance(gate, (str, Path))
+        else (gate or GateConfig(tau=THYME_TAU if thyme else GateConfig().tau))
+    )
+    prompts = prompts or (Prompts.thyme() if thyme else Prompts())
+    if max_agent_steps is None:
+        max_agent_steps = THYME_MAX_STEPS if thyme else DEFAULT_MAX_STEPS
     speculator_resize = speculator_resize or getattr(speculator, "resize_spec", None) or resize
     judge_kwargs = {"max_tokens": judge_max_tokens} if judge_max_tokens else {}
     draft_kwargs = {"max_tokens": draft_max_tokens} if draft_max_tokens else {}
@@ -382,17 +411,6 @@ def create_speceyes_graph(
 
     # --- phase IV ---------------------------------------------------------------------------------
     if agent is not None:
-        toolset = tools if isinstance(tools, Sequence) and not isinstance(tools, str) else None
-        tool_list = (
-            list(toolset)
-            if toolset is not None
-            else build_tools(load_toolset(tools), resize=resize, store=store)
-        )
-        chosen = protocol
-        if chosen == "auto":
-            chosen = (
-                "deepeyes" if [t.name for t in tool_list] == ["image_zoom_in_tool"] else "native"
-            )
         loop = create_agent_loop(
             agent,
             tool_list,

@@ -16,6 +16,10 @@ is *sent* is a view of that transcript in its protocol (:func:`to_wire`):
 - ``deepeyes``: the assistant turn as plain text with ``<tool_call>`` JSON, and the
   results as one **user** turn ``<tool_response>`` + image + instruction +
   ``</tool_response>``, exactly as DeepEyes was trained;
+- ``thyme``: the whole reply is **one** assistant turn: each step's text (with its
+  ``<code>``), then ``<sandbox_output>`` + the images the code produced (or its printed
+  result, or its error) + ``</sandbox_output>``, and the model continues that same turn, as
+  Thyme was trained and the published harness runs it;
 - ``native``: tool calls stay structured, tool messages keep their text, and images go in a
   user turn right after them, since OpenAI-compatible servers reject images in tool
   messages.
@@ -47,7 +51,7 @@ __all__ = [
     "user_message",
 ]
 
-Protocol = Literal["deepeyes", "native"]
+Protocol = Literal["deepeyes", "native", "thyme"]
 
 
 def image_blocks(
@@ -180,7 +184,7 @@ def _closed(text: str) -> str:
     """The turn as the model wrote it: a stop string (``</tool_call>``, ``</answer>``) ends
     generation and is not returned (OpenAI semantics), but the model produced it and the
     published transcript keeps it."""
-    for tag in ("tool_call", "answer"):
+    for tag in ("tool_call", "answer", "code"):
         opened, closed = text.rfind(f"<{tag}>"), text.rfind(f"</{tag}>")
         if opened >= 0 and closed < opened:
             return text + f"</{tag}>"
@@ -238,6 +242,8 @@ def to_wire(
                 )
         pending.clear()
 
+    if protocol == "thyme":
+        return _thyme_wire(messages)
     for m in messages:
         if isinstance(m, ToolMessage):
             pending.append(m)
@@ -253,4 +259,26 @@ def to_wire(
         else:
             out.append(m)
     flush()
+    return out
+
+
+def _thyme_wire(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """Everything after the user turn merged into one assistant turn (see the module
+    docstring); a model continues it when it is the last message."""
+    out: list[BaseMessage] = []
+    turn: list[dict] = []
+    for m in messages:
+        if isinstance(m, AIMessage):
+            turn.append({"type": "text", "text": _closed(message_text(m))})
+        elif isinstance(m, ToolMessage):
+            turn.append({"type": "text", "text": "<sandbox_output>"})
+            turn.extend(_blocks(m.content))
+            turn.append({"type": "text", "text": "</sandbox_output>"})
+        else:
+            if turn:
+                out.append(AIMessage(content=turn))
+                turn = []
+            out.append(m)
+    if turn:
+        out.append(AIMessage(content=turn))
     return out

@@ -24,9 +24,13 @@ __all__ = [
     "JUDGE_USER_SUFFIX",
     "NATIVE_AGENT_SYSTEM_PROMPT",
     "Prompts",
+    "SPECREASON_VERIFY_PROMPT",
     "SPECULATOR_SYSTEM_PROMPT",
+    "THYME_STOP",
+    "THYME_SYSTEM_PROMPT",
     "format_question",
     "option_letters",
+    "thyme_user_prompt",
     "tools_system_prompt",
 ]
 
@@ -75,6 +79,50 @@ DEEPEYES_USER_PROMPT = (
     "<think>...</think>  <tool_call>...</tool_call> (if tools needed)  <answer>...</answer> "
 )
 
+THYME_SYSTEM_PROMPT = (  # Kwai-Keye/Thyme-RL, as the SpecEyes Thyme evaluation sends it
+    "You are a helpful assistant.\n"
+    "\n"
+    "Solve the following problem step by step, and optionally write Python code for image manipulation to enhance your reasoning process. The Python code will be executed by an external sandbox, and the processed image or result (wrapped in <sandbox_output></sandbox_output>) can be returned to aid your reasoning and help you arrive at the final answer.\n"
+    "\n"
+    "**Reasoning & Image Manipulation (Optional but Encouraged):**\n"
+    "    * You have the capability to write executable Python code to perform image manipulations (e.g., cropping to a Region of Interest (ROI), resizing, rotation, adjusting contrast) or perform calculation for better reasoning.\n"
+    "    * The code will be executed in a secure sandbox, and its output will be provided back to you for further analysis.\n"
+    "    * All Python code snippets **must** be wrapped as follows:\n"
+    "    <code>\n"
+    "    ```python\n"
+    "    # your code.\n"
+    "    ```\n"
+    "    </code>\n"
+    "    * At the end of the code, print the path of the processed image (processed_path) or the result for further processing in a sandbox environment."
+)
+THYME_STOP = ("</code>", "</answer>")  # each generation step ends at code or an answer
+SPECREASON_VERIFY_PROMPT = (  # the large model scores a drafted step 0-9 (SpecReason.py)
+    "\n    Please evaluate the quality of the last reasoning step. Score from 0-9, where:\n"
+    "    9: Perfect logic, directly helps solve the problem\n"
+    "    7-8: Good logic, contributes to the solution\n"
+    "    5-6: Neutral, doesn't hurt but doesn't help much\n"
+    "    3-4: Problematic, may lead to confusion\n"
+    "    0-2: Incorrect, misleading, or irrelevant\n"
+    "    \n"
+    "    Only output the score as a single digit.\n"
+    "    "
+)
+
+
+def thyme_user_prompt(question_text: str, image_path: str, image_size: tuple[int, int]) -> str:
+    """Thyme's first user turn (after the image): the question, where the sandbox finds the
+    image and its original size, and the answer format. The leading ``<image>`` is literal
+    text in the published prompt and is kept."""
+    width, height = image_size
+    return (
+        f"<image>\n{question_text}\n\n"
+        f'### User Image Path:** "{image_path}"\n'
+        f'### User Image Size:** "{width}x{height}"\n\n'
+        "### **Output Format (strict adherence required):**\n\n"
+        "<think>Your detailed reasoning process, including any code, should go here.</think>\n"
+        "<answer>Your final answer to the user's question goes here.</answer>\n"
+    )
+
 NATIVE_AGENT_SYSTEM_PROMPT = (
     "You are a helpful assistant that answers questions about images. If details are too "
     "small to see, call a tool to look closer. When you are sure, reply with the final "
@@ -86,7 +134,7 @@ def option_letters(n: int) -> list[str]:
     return [chr(ord("A") + i) for i in range(n)]
 
 
-QuestionStyle = Literal["published", "compact"]
+QuestionStyle = Literal["published", "compact", "thyme"]
 
 
 def format_question(
@@ -100,6 +148,10 @@ def format_question(
 
     ``compact`` drops the indentation (``"Question: {q}\\nOptions: \\nA. x\\nB. y\\n"``), as
     DeepEyes' own evaluation writes it; the demo checkpoints were trained on it.
+
+    ``thyme`` is the SpecEyes Thyme evaluation's judge and draft block
+    (``"Question: {q}\\nOptions:\\nA. x\\nB. y\\n"``); the Thyme agent adds a last line
+    (:meth:`Prompts.agent_question`).
     """
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"the query needs a non-empty 'question' string, got {question!r}")
@@ -111,8 +163,13 @@ def format_question(
         return (
             f"Question: {question}\nOptions: \n{listed}" if options else f"Question: {question}\n"
         )
+    if style == "thyme":
+        listed = "\n".join(
+            f"{letter}. {opt}" for letter, opt in zip(option_letters(len(options or [])), options or [])
+        )
+        return f"Question: {question}\nOptions:\n{listed}\n" if options else f"Question: {question}\n"
     if style != "published":
-        raise ValueError(f"unknown question style {style!r}; use 'published' or 'compact'")
+        raise ValueError(f"unknown question style {style!r}; use 'published', 'compact' or 'thyme'")
     if not options:
         return f"Question: {question}\n        "
     return f"Question: {question}\n        Options: \n{listed}\n        "
@@ -150,6 +207,26 @@ class Prompts:
     agent_suffix: str = DEEPEYES_USER_PROMPT
     tool_response_instruction: str = DEEPEYES_USER_PROMPT
     question_style: QuestionStyle = "published"
+    # Thyme's agent question ends with one of these lines (published: options, and POPE's
+    # yes/no questions; an open question gets none unless you set it)
+    options_tail: str = "Please select the correct answer from the options above."
+    open_tail: str = ""
+    verify: str = SPECREASON_VERIFY_PROMPT  # SpecReason: the large model scores a step
 
     def question(self, question: str, options: Sequence[str] | None = None) -> str:
         return format_question(question, options, self.question_style)
+
+    def agent_question(self, question: str, options: Sequence[str] | None = None) -> str:
+        """The question as the agent sees it; Thyme's adds its last line."""
+        text = self.question(question, options)
+        if self.question_style == "thyme":
+            text += self.options_tail if options else self.open_tail
+            return text if options or self.open_tail else text.rstrip("\n")
+        return text
+
+    @classmethod
+    def thyme(cls, **overrides) -> Prompts:
+        """The prompts of the published Thyme runs."""
+        return cls(
+            **{"question_style": "thyme", "agent_system": THYME_SYSTEM_PROMPT, **overrides}
+        )

@@ -17,12 +17,21 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ParsedTurn", "extract_answer", "format_tool_call", "message_text", "parse_deepeyes"]
+__all__ = [
+    "ParsedTurn",
+    "extract_answer",
+    "format_tool_call",
+    "message_text",
+    "parse_deepeyes",
+    "parse_thyme",
+]
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?=</tool_call>|<tool_call>|$)", re.S)
 _ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S)
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S)
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
+# Thyme: <code>```python ...```</code>, the closing tag optional (it is the stop string)
+_CODE = re.compile(r"<code>\s*(?:```\s*)?(?:python\s*)?([\s\S]*?)\s*(?:```\s*)?(?:</code>|$)", re.I)
 
 
 @dataclass
@@ -115,3 +124,32 @@ def parse_deepeyes(text: str, known_tools: Collection[str] | None = None) -> Par
 def format_tool_call(name: str, args: dict[str, Any]) -> str:
     """A tool call as DeepEyes writes it, for re-rendering calls a server already parsed."""
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
+
+def parse_thyme(text: str, tool_name: str = "python_sandbox") -> ParsedTurn:
+    """Parse one Thyme generation step: an ``<answer>`` ends the loop; else the first
+    ``<code>`` block (fenced or not, closing tag optional) becomes one call of the code tool,
+    as the published harness runs only the first block. Neither is a problem for the
+    caller: the published loop stops there."""
+    turn = ParsedTurn()
+    text = text or ""
+    turn.answer = extract_answer(text)
+    if turn.answer is not None:
+        return turn
+    match = _CODE.search(text)
+    if match is None:
+        turn.problems.append("no <code> and no <answer>")
+        return turn
+    code = match.group(1).strip()
+    if not code:
+        turn.problems.append("an empty <code> block")
+        return turn
+    turn.tool_calls.append(
+        {
+            "name": tool_name,
+            "args": {"code": code},
+            "id": f"call_{uuid.uuid4().hex[:12]}",
+            "type": "tool_call",
+        }
+    )
+    return turn

@@ -30,6 +30,8 @@ from typing import Any
 from langchain_core.tools import BaseTool, tool
 
 from speceyes_tools.images import ImageStore, ResizeSpec
+from speceyes_tools.python_tool import make_python_sandbox_tool
+from speceyes_tools.sandbox import SandboxUnavailable
 from speceyes_tools.tesseract import OCRUnavailable, make_ocr_tool
 from speceyes_tools.vision import make_crop_tool, make_image_zoom_in_tool, make_zoom_tool
 
@@ -53,6 +55,7 @@ _REGISTRY: dict[str, Callable[..., BaseTool]] = {
     "zoom": make_zoom_tool,
     "image_zoom_in_tool": make_image_zoom_in_tool,
     "ocr": make_ocr_tool,
+    "python_sandbox": make_python_sandbox_tool,
 }
 
 
@@ -76,6 +79,7 @@ class Toolset:
 BUILTIN_TOOLSETS: dict[str, Toolset] = {
     "deepeyes": Toolset("deepeyes", (ToolSpec("image_zoom_in_tool"),)),
     "vision": Toolset("vision", (ToolSpec("crop"), ToolSpec("zoom"), ToolSpec("ocr"))),
+    "thyme": Toolset("thyme", (ToolSpec("python_sandbox"),)),
     "none": Toolset("none", ()),
 }
 
@@ -201,7 +205,7 @@ def build_tools(
                 raise ToolsetError(f"{spec.name!r} is neither a tool nor a tool factory")
         except ToolsetError:
             raise
-        except OCRUnavailable as exc:
+        except (OCRUnavailable, SandboxUnavailable) as exc:
             raise ToolsetError(f"tool {spec.name!r}: {exc}") from exc
         except (TypeError, ValueError) as exc:
             raise ToolsetError(

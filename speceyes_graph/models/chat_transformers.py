@@ -324,8 +324,15 @@ class ChatTransformersVLM(BaseChatModel):
     ) -> dict:
         """Chat template, images and processor for one request; ``prefill`` starts the reply."""
         converted = convert_messages(messages, self._escape)
+        # A conversation ending in an assistant turn is continued, not answered anew (Thyme
+        # continues its turn after each <sandbox_output>; servers: continue_final_message).
+        cont = bool(messages) and messages[-1].type == "ai"
         prompt = self._processor.apply_chat_template(
-            converted.messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+            converted.messages,
+            tools=tools or None,
+            add_generation_prompt=not cont,
+            continue_final_message=cont,
+            tokenize=False,
         )
         with image_keys(converted.image_keys):  # each image processed once (image_cache.py)
             inputs = self._processor(

@@ -1,0 +1,114 @@
+"""``python_sandbox``: the code tool of Thyme-style agents, as a LangChain tool.
+
+The model writes Python; the tool runs it in the OS sandbox (:mod:`.sandbox`) with the
+query's first image readable at ``/mnt/data/images/<name>`` (its original pixels and size:
+Thyme computes boxes in original coordinates, and the harness clamps literal crop boxes to
+them), and returns what the code produced: the images it wrote to
+``/mnt/data/temp_processed_images`` (moved into the image store, referenced by ``blob://``
+keys), else its printed text, else the error. The artifact keeps the whole trace: the code
+as executed, stdout, stderr, images, latency, sandbox overhead and error.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+from langchain_core.tools import BaseTool, StructuredTool, ToolException
+from langgraph.prebuilt import InjectedState
+from pydantic import BaseModel, Field
+
+from .blobs import is_blob_key
+from .images import ImageStore, default_store, encode_png, sniff_mime
+from .sandbox import INPUT_DIR, Sandbox, SandboxLimits, SandboxUnavailable, default_sandbox
+
+__all__ = ["make_python_sandbox_tool", "sandbox_image"]
+
+_EXTENSIONS = {"image/png": ".png", "image/jpeg": ".jpg", "image/webp": ".webp", "image/gif": ".gif"}
+
+
+def sandbox_image(ref: str, store: ImageStore | None = None) -> tuple[bytes, str, tuple[int, int]]:
+    """(encoded bytes, file name, (width, height)) of a query image as the sandbox gets it.
+
+    Stored bytes are passed as they are (no re-encoding); a file becomes PNG of its pixels."""
+    store = store or default_store()
+    if is_blob_key(ref):
+        data = store.read(ref)
+        ext = _EXTENSIONS.get(sniff_mime(data))
+        if ext:
+            width, height = store.size(ref)
+            return data, "image" + ext, (width, height)
+    pixels = store.get(ref)
+    stem = "image" if is_blob_key(ref) else (Path(ref).stem or "image")
+    return encode_png(pixels), stem + ".png", (pixels.shape[1], pixels.shape[0])
+
+
+def sandbox_image_path(ref: str, store: ImageStore | None = None) -> tuple[str, tuple[int, int]]:
+    """Where the code finds the query image in the sandbox, and its original size."""
+    _, name, size = sandbox_image(ref, store)
+    return f"{INPUT_DIR}/{name}", size
+
+
+class _CodeArgs(BaseModel):
+    code: str = Field(description="Python code to run on the query's image (PIL, NumPy, OpenCV).")
+    state: Annotated[dict, InjectedState]
+
+
+def make_python_sandbox_tool(
+    sandbox: Sandbox | None = None,
+    store: ImageStore | None = None,
+    wall_s: float | None = None,
+) -> BaseTool:
+    """The ``python_sandbox`` tool. ``sandbox`` defaults to one shared :class:`Sandbox`
+    (checked now, so a host without bubblewrap fails when the graph is built);
+    ``wall_s`` overrides the per-run limit (published: 10 s)."""
+    if sandbox is None:
+        sandbox = Sandbox(SandboxLimits(wall_s=wall_s)) if wall_s else default_sandbox()
+    sandbox.check()  # raises SandboxUnavailable with bubblewrap's own message
+    store_ = store
+
+    def run(code: str, state: dict) -> tuple[Any, dict]:
+        t0 = time.perf_counter()
+        store = store_ or default_store()
+        images = (state or {}).get("images") or []
+        if isinstance(images, str):
+            images = [images]
+        data, name, size = sandbox_image(images[0], store) if images else (None, "image.png", None)
+        try:
+            result = sandbox.run(code, data, image_name=name, image_size=size)
+        except SandboxUnavailable as exc:
+            raise ToolException(f"Error: the code sandbox is unavailable: {exc}") from None
+        keys = [store.put_array(image.pixels) for image in result.images]
+        if keys:
+            content: Any = [{"type": "image", "url": k, "mime_type": "image/png"} for k in keys]
+        elif result.error:
+            detail = result.stderr.strip() or result.stdout.strip()
+            content = f"Error: {result.error}" + (f"\n{detail[-2000:]}" if detail else "")
+        else:
+            content = result.stdout.strip() or "(the code printed nothing and wrote no image)"
+        artifact = {
+            "tool": "python_sandbox",
+            "code": result.code or code,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "images": keys,
+            "error": result.error,
+            "notes": result.notes,
+            "timed_out": result.timed_out,
+            "overhead_s": result.overhead_s,
+            "latency_s": time.perf_counter() - t0,
+        }
+        return content, artifact
+
+    return StructuredTool.from_function(
+        func=run,
+        name="python_sandbox",
+        description=(
+            "Run Python code on the query's image in a sandbox. The image is at `image_path`; "
+            "save processed images under /mnt/data/temp_processed_images/ and print their paths, "
+            "or print a computed result."
+        ),
+        args_schema=_CodeArgs,
+        response_format="content_and_artifact",
+    )
