@@ -55,6 +55,8 @@ from .state import AgentStep, Draft, merge_timings
 
 __all__ = [
     "AgentLoopState",
+    "agent_system_prompt",
+    "first_user_message",
     "DEFAULT_MAX_STEPS",
     "LoopOptions",
     "create_agent_loop",
@@ -139,21 +141,8 @@ def create_agent_loop(
     store = store or default_store()
     tools = list(tools)
     tool_names = {t.name for t in tools}
-    if protocol == "deepeyes":
-        system = prompts.agent_system or tools_system_prompt(
-            [convert_to_openai_tool(t) for t in tools]
-        )
-        bound = model
-    elif protocol == "thyme":
-        if len(tools) != 1:
-            raise ValueError(
-                f"the thyme protocol runs one code tool, got {sorted(tool_names) or 'none'}"
-            )
-        system = prompts.agent_system or THYME_SYSTEM_PROMPT
-        bound = model
-    else:
-        system = prompts.agent_system or NATIVE_AGENT_SYSTEM_PROMPT
-        bound = model.bind_tools(tools) if tools else model
+    system = agent_system_prompt(protocol, prompts, tools)
+    bound = model.bind_tools(tools) if protocol == "native" and tools else model
     bound = bound.with_config(tags=[TAG_NOSTREAM], run_name="agent_model")
     stops = options.stop
     if protocol == "thyme" and stops == LoopOptions.stop:
@@ -163,19 +152,6 @@ def create_agent_loop(
     # SGLang: continue_final_message); a local ChatTransformersVLM does it by itself.
     served = hasattr(bare_model(model), "extra_body") and protocol == "thyme"
     code_tool = next(iter(tool_names), "python_sandbox")
-
-    def first_message(state: AgentLoopState) -> HumanMessage:
-        question, images = state.get("question"), state.get("images")
-        if protocol == "thyme":
-            path, size = (
-                sandbox_image_path(images[0], store) if images else ("(no image)", (0, 0))
-            )
-            text = thyme_user_prompt(prompts.agent_question(question, state.get("options")), path, size)
-        else:
-            text = prompts.question(question, state.get("options"))
-            if protocol == "deepeyes":
-                text += prompts.agent_suffix
-        return user_message(images, text, resize, store)
 
     def steps_allowed(state: AgentLoopState) -> int:
         return state.get("max_steps") or max_steps
@@ -189,7 +165,12 @@ def create_agent_loop(
             with deadline_scope(state.get("deadline")), store_scope(store):
                 check_deadline("agent loop")
                 if not history:
-                    new.append(first_message(state))
+                    new.append(
+                        first_user_message(
+                            protocol, prompts, state.get("question"), state.get("images"),
+                            state.get("options"), resize, store,
+                        )  # fmt: skip
+                    )
                 wire = to_wire(
                     history + new,
                     protocol,
@@ -263,7 +244,7 @@ def create_agent_loop(
                 correction = "\n".join(problems) + "\n" + prompts.agent_suffix.lstrip("\n")
             if not problems:
                 step["problem"] = "no tool call and no <answer>"
-        _emit({"agent_step": step})  # stream_mode="custom": watch the loop turn by turn
+        emit_event({"agent_step": step})  # stream_mode="custom": watch the loop turn by turn
         return {
             "started_at": started,
             "messages": new,
@@ -362,7 +343,42 @@ def create_agent_loop(
     return graph
 
 
-def _emit(event: dict[str, Any]) -> None:
+def agent_system_prompt(protocol: Protocol, prompts: Prompts, tools: Sequence[BaseTool]) -> str:
+    """The agent's system prompt in its protocol (a ``Prompts.agent_system`` wins)."""
+    if prompts.agent_system:
+        return prompts.agent_system
+    if protocol == "deepeyes":
+        return tools_system_prompt([convert_to_openai_tool(t) for t in tools])
+    if protocol == "thyme":
+        if len(tools) != 1:
+            names = sorted(t.name for t in tools) or "none"
+            raise ValueError(f"the thyme protocol runs one code tool, got {names}")
+        return THYME_SYSTEM_PROMPT
+    return NATIVE_AGENT_SYSTEM_PROMPT
+
+
+def first_user_message(
+    protocol: Protocol,
+    prompts: Prompts,
+    question: str | None,
+    images: Sequence[str] | None,
+    options: Sequence[str] | None,
+    resize: ResizeSpec | None,
+    store: ImageStore,
+) -> HumanMessage:
+    """The agent's first user turn: images first, then the protocol's text. Thyme's text
+    says where the sandbox finds the first image and its original size."""
+    if protocol == "thyme":
+        path, size = sandbox_image_path(images[0], store) if images else ("(no image)", (0, 0))
+        text = thyme_user_prompt(prompts.agent_question(question, options), path, size)
+    else:
+        text = prompts.question(question, options)
+        if protocol == "deepeyes":
+            text += prompts.agent_suffix
+    return user_message(images, text, resize, store)
+
+
+def emit_event(event: dict[str, Any]) -> None:
     try:
         get_stream_writer()(event)
     except RuntimeError:  # called outside a graph run (no stream context)

@@ -70,7 +70,12 @@ def check_bench_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     """Every argument checked before anything loads, with a message that says what to do."""
     from .models.specs import SpecError, parse_model_spec
 
-    needs = {"speceyes": ("small", "large"), "agent": ("large",), "small": ("small",)}[args.mode]
+    needs = {
+        "speceyes": ("small", "large"),
+        "agent": ("large",),
+        "small": ("small",),
+        "specreason": ("small", "large"),
+    }[args.mode]
     for role in needs:
         if not getattr(args, role):
             parser.error(
@@ -78,17 +83,20 @@ def check_bench_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             )
     if not Path(args.data).exists():
         parser.error(f"--data {args.data}: no such file or folder")
+    if args.threshold is None:  # the published tau of the agent: 0.95 for Thyme, else 0.98
+        args.threshold = 0.95 if args.tools == "thyme" else 0.98
     if not 0.0 <= args.threshold <= 1.0:
         parser.error(f"--threshold must be in [0, 1], got {args.threshold}")
     for name, low in (
         ("top_k", 2),
         ("batch_size", 1),
-        ("max_agent_steps", 1),
         ("max_new_tokens", 1),
         ("chunk_size", 1),
     ):
         if getattr(args, name) < low:
             parser.error(f"--{name.replace('_', '-')} must be at least {low}")
+    if args.max_agent_steps is not None and args.max_agent_steps < 1:
+        parser.error("--max-agent-steps must be at least 1")
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
     if args.gate:
@@ -146,6 +154,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if role in specs and specs[role].resize is not None:
             settings[key] = specs[role].resize  # served: the family's image limits
     settings["gate"] = gate
+    if args.tools == "thyme" and "prompts" not in settings:
+        from .prompts import Prompts
+
+        # the published Thyme runs end POPE's yes/no questions with this line
+        tail = "Please answer 'yes' or 'no'." if args.benchmark == "pope" else ""
+        settings["prompts"] = Prompts.thyme(open_tail=tail)
     if args.speculation:
         settings["speculation"] = args.speculation
     builder = create_speceyes_graph(speculator=small, agent=large, mode=args.mode, **settings)
@@ -239,7 +253,9 @@ def cmd_report(args: argparse.Namespace) -> int:
             print(f"speceyes report: --judge-model: {exc}", file=sys.stderr)
             return 2
         judge = load_chat_model(spec, top_logprobs=None, max_new_tokens=16, batch_size=8)
-    report = write_report(args.dir, args.baseline, args.out, scoring=args.scoring, judge=judge)
+    report = write_report(
+        args.dir, args.baseline, args.out, scoring=args.scoring, judge=judge, compare=args.compare
+    )
     out = Path(args.out or args.dir)
     print((out / "report.md").read_text())
     print(
@@ -305,7 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("graph", help="draw the workflow (subgraph expanded)")
     p.add_argument("--format", choices=["mermaid", "ascii", "png", "dot"], default="mermaid")
-    p.add_argument("--mode", choices=["speceyes", "agent", "small"], default="speceyes")
+    p.add_argument(
+        "--mode", choices=["speceyes", "agent", "small", "specreason"], default="speceyes"
+    )
     p.add_argument("--tools", default="deepeyes", help="toolset name or TOML/YAML file")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_graph)
@@ -380,8 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
         "id, or openai:URL#NAME[?max_pixels=N]",
     )
     p.add_argument("--large", help="large model (judge and agent), same forms")
-    p.add_argument("--mode", choices=["speceyes", "agent", "small"], default="speceyes")
-    p.add_argument("--threshold", type=float, default=0.98, help="tau")
+    p.add_argument(
+        "--mode", choices=["speceyes", "agent", "small", "specreason"], default="speceyes"
+    )
+    p.add_argument(
+        "--threshold", type=float, default=None, help="tau (default 0.98; 0.95 with --tools thyme)"
+    )
     p.add_argument("--top-k", type=int, default=64)
     p.add_argument("--aggregation", choices=["min", "mean", "bottom-q"], default="min")
     p.add_argument(
@@ -391,8 +413,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size", type=int, default=16, help="max batch per model call (2x queries in flight)"
     )
     p.add_argument("--max-new-tokens", type=int, default=512, help="per agent step")
-    p.add_argument("--max-agent-steps", type=int, default=6)
-    p.add_argument("--tools", default="deepeyes")
+    p.add_argument(
+        "--max-agent-steps", type=int, default=None, help="default 6 (DeepEyes), 5 (Thyme)"
+    )
+    p.add_argument(
+        "--tools",
+        default="deepeyes",
+        help="deepeyes (zoom tool), thyme (the model writes Python, run in a bubblewrap "
+        "sandbox), vision, or a TOML/YAML toolset",
+    )
     p.add_argument(
         "--schedule",
         choices=["concurrent", "official"],
@@ -440,6 +469,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="summarise a run, sweep tau offline against a baseline, plot")
     p.add_argument("dir")
     p.add_argument("--baseline", help="an agent-only run of the same queries")
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        default=[],
+        metavar="RUN",
+        help="other runs of the same queries (small only, SpecReason, ...): a methods table",
+    )
     p.add_argument("--out", help="where to write (default: DIR)")
     p.add_argument(
         "--scoring",

@@ -57,7 +57,10 @@ from .agent import (
     DEFAULT_MAX_STEPS,
     THYME_MAX_STEPS,
     LoopOptions,
+    agent_system_prompt,
     create_agent_loop,
+    emit_event,
+    first_user_message,
     recursion_limit,
 )
 from .messages import Protocol, bare_model, for_model, user_message
@@ -67,6 +70,7 @@ from .protocol import message_text
 from .query import read_query
 from .separability import GateConfig
 from .settings import Limits, OnError, RunSettings, resolve_settings, run_overrides
+from .specreason import run_specreason
 from .state import Draft, Mode, SpecEyesContext, SpecEyesInput, SpecEyesOutput, SpecEyesState
 from .toolsets import Toolset, build_tools, load_toolset
 
@@ -97,7 +101,9 @@ _CLEAN_RUN: dict[str, Any] = {
 }
 _AUTO_PROTOCOL = {("image_zoom_in_tool",): "deepeyes", ("python_sandbox",): "thyme"}
 THYME_TAU = 0.95  # the published threshold of the Thyme runs
-_FIRST_NODE = {"agent": "agent_loop", "small": "speculate", "speceyes": "judge"}  # by mode
+_FIRST_NODE = {
+    "agent": "agent_loop", "small": "speculate", "speceyes": "judge", "specreason": "specreason"
+}  # by mode
 
 
 class SpecEyesError(RuntimeError):
@@ -206,13 +212,15 @@ def create_speceyes_graph(
     draft_kwargs = {"max_tokens": draft_max_tokens} if draft_max_tokens else {}
     if speculation not in ("parallel", "after_judge"):
         raise ValueError(f"speculation must be 'parallel' or 'after_judge', got {speculation!r}")
-    if mode not in ("speceyes", "agent", "small"):
-        raise ValueError(f"unknown mode {mode!r}; use 'speceyes', 'agent' or 'small'")
+    if mode not in ("speceyes", "agent", "small", "specreason"):
+        raise ValueError(
+            f"unknown mode {mode!r}; use 'speceyes', 'agent', 'small' or 'specreason'"
+        )
     if on_error not in ("record", "raise"):
         raise ValueError(f"on_error must be 'record' or 'raise', got {on_error!r}")
-    if mode in ("speceyes", "agent") and agent is None:
+    if mode in ("speceyes", "agent", "specreason") and agent is None:
         raise ValueError(f"mode {mode!r} needs an agent model (agent=...)")
-    if mode in ("speceyes", "small") and speculator is None:
+    if mode in ("speceyes", "small", "specreason") and speculator is None:
         raise ValueError(f"mode {mode!r} needs a speculator model (speculator=...)")
     if not 1 <= max_agent_steps <= limits.max_agent_steps:
         raise ValueError(
@@ -227,6 +235,8 @@ def create_speceyes_graph(
         available.add("small")
         if judge_raw is not None and agent is not None:
             available.add("speceyes")
+        if agent is not None:
+            available.add("specreason")
     defaults = RunSettings(
         tau=gate.tau,
         k=gate.k,
@@ -266,8 +276,10 @@ def create_speceyes_graph(
             raise SpecEyesError(message) from exc
         return {"error": message, "timings": {phase: time.perf_counter() - t0}}
 
-    def call_model(state: SpecEyesState, model: Any, messages: list, what: str, **kwargs):
-        if announces(model):
+    def call_model(
+        state: SpecEyesState, model: Any, messages: list, what: str, announced=True, **kwargs
+    ):
+        if announced and announces(model):
             kwargs["announced"] = True  # see `calls` above
         with deadline_scope(state.get("deadline")), store_scope(store):
             check_deadline(what)
@@ -456,6 +468,39 @@ def create_speceyes_graph(
 
         graph.add_node("agent_loop", agent_loop)
         graph.add_edge("agent_loop", END)
+
+    # --- the SpecReason baseline -----------------------------------------------------------------
+    if "specreason" in available:
+        reason_system = agent_system_prompt(chosen, prompts, tool_list)
+        small_reasoner = _internal(speculator, "specreason_small")
+        large_reasoner = _internal(agent, "specreason_large")
+
+        def specreason_node(state: SpecEyesState) -> dict[str, Any]:
+            t0 = time.perf_counter()
+            query = state["query"]
+
+            def call(model: Any, messages: list, what: str, **kwargs: Any) -> Any:
+                return call_model(state, model, messages, what, announced=False, **kwargs)
+
+            try:
+                with deadline_scope(state.get("deadline")), store_scope(store):
+                    first = first_user_message(
+                        chosen, prompts, query["question"], query["images"], query["options"],
+                        resize, store,
+                    )  # fmt: skip
+                    out = run_specreason(
+                        call=call, small=small_reasoner, large=large_reasoner,
+                        system=reason_system, first=first, protocol=chosen, tools=tool_list,
+                        images=query["images"], prompts=prompts, store=store, emit=emit_event,
+                    )  # fmt: skip
+            except DeadlineExceeded as exc:
+                return {**failed(state, "specreason", exc, t0), "stop_reason": "deadline"}
+            except Exception as exc:
+                return failed(state, "specreason", exc, t0)
+            return {**out, "route": "specreason", "timings": {"specreason": time.perf_counter() - t0}}
+
+        graph.add_node("specreason", specreason_node)
+        graph.add_edge("specreason", END)
 
     def after_intake(state: SpecEyesState) -> str:
         return "invalid" if state.get("error") else state["settings"]["mode"]

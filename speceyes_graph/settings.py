@@ -21,7 +21,7 @@ from .state import Mode
 __all__ = ["Limits", "OnError", "RunSettings", "SettingsError", "resolve_settings"]
 
 OnError = Literal["record", "raise"]
-_MODES = ("speceyes", "agent", "small")
+_MODES = ("speceyes", "agent", "small", "specreason")
 _AGGREGATIONS = ("min", "mean", "bottom-q")
 
 

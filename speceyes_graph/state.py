@@ -37,18 +37,23 @@ __all__ = [
     "merge_timings",
 ]
 
-Mode = Literal["speceyes", "agent", "small"]
-"""``speceyes`` (the method), ``agent`` (baseline: every query to the agent loop) and
-``small`` (draft only: the speculator's answer is final, the gate score is still recorded)."""
+Mode = Literal["speceyes", "agent", "small", "specreason"]
+"""``speceyes`` (the method), ``agent`` (baseline: every query to the agent loop),
+``small`` (draft only: the speculator's answer is final, the gate score is still recorded)
+and ``specreason`` (the SpecReason baseline: the small model drafts each step of the agent's
+reasoning, the large model scores it; see :mod:`speceyes_graph.specreason`)."""
 
-Route = Literal["speculative", "judged-agentic", "rejected-agentic", "agent-only", "draft-only"]
+Route = Literal[
+    "speculative", "judged-agentic", "rejected-agentic", "agent-only", "draft-only", "specreason"
+]
 """Where a query was answered.
 
 - ``speculative``: judged tool-free and the draft passed the gate;
 - ``judged-agentic``: the judge said tools help, so the agent loop answered;
 - ``rejected-agentic``: judged tool-free, but the draft failed the gate (or had no
   log-probs / errored), so the agent loop answered;
-- ``agent-only`` / ``draft-only``: the baseline modes ``agent`` and ``small``.
+- ``agent-only`` / ``draft-only`` / ``specreason``: the baseline modes ``agent``,
+  ``small`` and ``specreason``.
 """
 
 
@@ -84,6 +89,11 @@ class AgentStep(TypedDict, total=False):
     tool_calls: list[dict[str, Any]]  # name, arguments, box (after clamping), latency_s, error
     answer: str | None
     problem: str | None  # a protocol problem that was corrected (malformed JSON, unknown tool...)
+    # SpecReason steps: the small model's draft, the large model's 0-9 score, and whether the
+    # draft was kept (model_text is then the draft; else the large model's own step)
+    drafted: str
+    score: int
+    accepted: bool
 
 
 class Query(TypedDict):
@@ -210,7 +220,8 @@ class SpecEyesContext(TypedDict, total=False):
     mode: Annotated[
         Mode,
         Field(
-            description="speceyes (the method), agent (every query to the tool loop), small (draft only)."
+            description="speceyes (the method), agent (every query to the tool loop), small (draft "
+            "only), specreason (the SpecReason baseline: drafted and scored reasoning steps)."
         ),
     ]
     max_agent_steps: Annotated[

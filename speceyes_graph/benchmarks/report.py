@@ -383,6 +383,71 @@ def build_report(
     return report
 
 
+METHOD_NAMES = {
+    "agent": "agent only",
+    "small": "small model only (draft, no fallback)",
+    "specreason": "SpecReason",
+    "speceyes": "SpecEyes",
+}
+
+
+def compare_methods(
+    run_dirs: Sequence[str | Path],
+    baseline_dir: str | Path | None = None,
+    *,
+    scoring: str = "strict",
+    judge: Any = None,
+) -> list[dict[str, Any]]:
+    """One row per run (agent only, small only, SpecReason, SpecEyes...): accuracy, latency,
+    throughput and speedups over the baseline run, as the paper's main table lays them out."""
+    rows = []
+    dirs = [Path(d) for d in ([baseline_dir] if baseline_dir else []) + list(run_dirs)]
+    base: dict[str, Any] | None = None
+    for d in dict.fromkeys(dirs):
+        records = read_records(d)
+        if not records:
+            raise FileNotFoundError(f"no records in {d}")
+        settings = _run_settings(d)
+        benchmark = settings.get("benchmark") or ("vstar" if records[0].get("options") else "pope")
+        records, _ = rescore(records, benchmark, scoring, judge, d / "grades.jsonl")
+        s = _summary(records, _wall(d))
+        mode = settings.get("mode") or (records[0].get("mode") if records else None)
+        row = {
+            "run": str(d),
+            "method": METHOD_NAMES.get(mode, mode or "?"),
+            "mode": mode,
+            "tools": settings.get("tools"),
+            "tau": settings.get("threshold") if mode == "speceyes" else None,
+            **{k: s[k] for k in ("n", "accuracy", "errors", "latency_mean_s", "throughput_qps")},
+        }
+        if base is None and baseline_dir is not None:
+            base = row
+        if base is not None:
+            if row["latency_mean_s"] and base["latency_mean_s"]:
+                row["speedup_latency"] = base["latency_mean_s"] / row["latency_mean_s"]
+            if row["throughput_qps"] and base["throughput_qps"]:
+                row["speedup_wall"] = row["throughput_qps"] / base["throughput_qps"]
+        rows.append(row)
+    return rows
+
+
+def methods_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The comparison as a markdown table."""
+    lines = [
+        "| method | tools | tau | n | accuracy | errors | mean latency (s) | throughput (q/s) "
+        "| speedup (throughput) | speedup (latency) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['method']} | {r.get('tools') or '-'} | {_fmt(r.get('tau'), 'g')} | {r['n']} "
+            f"| {_fmt(r['accuracy'])} | {r['errors']} | {_fmt(r['latency_mean_s'])} "
+            f"| {_fmt(r['throughput_qps'])} | {_fmt(r.get('speedup_wall'), '.2f')}x "
+            f"| {_fmt(r.get('speedup_latency'), '.2f')}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _fmt(v: Any, spec: str = ".3f") -> str:
     if v is None:
         return "-"
@@ -606,16 +671,26 @@ def write_report(
     scoring: str = "strict",
     judge: Any = None,
     title: str | None = None,
+    compare: Sequence[str | Path] = (),
 ) -> dict[str, Any]:
-    """Write report.md, report.json and PNG plots; returns the report (without records)."""
+    """Write report.md, report.json and PNG plots; returns the report (without records).
+
+    ``compare``: other runs of the same queries (e.g. ``--mode small``, ``--mode
+    specreason``) for a table of methods beside this run and the baseline."""
     report = build_report(run_dir, baseline_dir, scoring=scoring, judge=judge)
     report["title"] = title
+    if compare:
+        report["methods"] = compare_methods(
+            [run_dir, *compare], baseline_dir, scoring=scoring, judge=judge
+        )
     out = Path(out_dir or run_dir)
     out.mkdir(parents=True, exist_ok=True)
     report["plots"] = _plots(report, out)
     report.pop("_records")
     (out / "report.json").write_text(json.dumps(report, indent=2))
     md = _markdown(report)
+    if report.get("methods"):
+        md += "\n## Methods compared\n\n" + methods_table(report["methods"])
     if report["plots"]:
         md += "\n" + "\n".join(f"![{p}]({p})" for p in report["plots"]) + "\n"
     (out / "report.md").write_text(md)

@@ -59,7 +59,7 @@ class OfficialSchedule:
         finished: dict[int, float] = {}
         errors: dict[int, str] = {}
         try:
-            if self.mode == "agent":  # the published baseline: one query at a time
+            if self.mode in ("agent", "specreason"):  # published baselines: one at a time
                 for i in range(len(chunk)):
                     self._invoke(i, inputs[i], configs, errors)
                     finished[i] = time.perf_counter()

@@ -114,6 +114,9 @@ class ChatTransformersVLM(BaseChatModel):
 
     handles_deadlines: ClassVar[bool] = True  # waits are bounded by the caller's deadline
     accepts_image_refs: ClassVar[bool] = True  # blob:// references: pixels from the store
+    # continues a conversation that ends in an assistant message; a call with
+    # continue_final_message=False starts a new assistant turn instead
+    continues_final_message: ClassVar[bool] = True
 
     _hf_model: Any = PrivateAttr(default=None)
     _processor: Any = PrivateAttr(default=None)
@@ -317,16 +320,25 @@ class ChatTransformersVLM(BaseChatModel):
         stops = tuple(stop if stop is not None else (self.stop or ()))
         temperature = float(kwargs.get("temperature", self.temperature))
         key = (int(max_new), top_k, stops, temperature)
-        return key, {"tools": kwargs.get("tools") or [], "prefill": kwargs.get("tool_prefill", "")}
+        return key, {
+            "tools": kwargs.get("tools") or [],
+            "prefill": kwargs.get("tool_prefill", ""),
+            "continue_final": kwargs.get("continue_final_message"),
+        }
 
     def _prepare(
-        self, messages: Sequence[BaseMessage], tools: list[dict] | None = None, prefill: str = ""
+        self,
+        messages: Sequence[BaseMessage],
+        tools: list[dict] | None = None,
+        prefill: str = "",
+        continue_final: bool | None = None,
     ) -> dict:
         """Chat template, images and processor for one request; ``prefill`` starts the reply."""
         converted = convert_messages(messages, self._escape)
         # A conversation ending in an assistant turn is continued, not answered anew (Thyme
-        # continues its turn after each <sandbox_output>; servers: continue_final_message).
-        cont = bool(messages) and messages[-1].type == "ai"
+        # continues its turn after each <sandbox_output>; servers: continue_final_message),
+        # unless the call says continue_final_message=False.
+        cont = bool(messages) and messages[-1].type == "ai" and continue_final is not False
         prompt = self._processor.apply_chat_template(
             converted.messages,
             tools=tools or None,
