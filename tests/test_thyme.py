@@ -222,3 +222,35 @@ def test_tiny_checkpoint_continues_the_assistant_turn(tiny_chat, scene, family):
     assert text.endswith("<code>print(1)</code><sandbox_output>1</sandbox_output>")
     reply = model.invoke(msgs)
     assert isinstance(reply.content, str)
+
+
+def test_thyme_over_http_continues_the_assistant_turn_with_the_crop_inside(scene):
+    """The real ChatOpenAI client against a vLLM-format replay server: the second request
+    ends in the assistant turn (code, <sandbox_output>, the crop as an image part) and asks
+    the server to continue it."""
+    pytest.importorskip("langchain_openai", reason="the openai extra")
+    from vllm_replay import ReplayServer, completion
+
+    from speceyes_graph.models import openai_chat_model
+
+    def respond(body):
+        last = body["messages"][-1]
+        if last["role"] == "assistant":
+            return 200, completion(body["model"], "</think><answer>red</answer>"), 0
+        return 200, completion(body["model"], "<think>zoom\n<code>\n" + CROP + "\n"), 0
+
+    with ReplayServer(respond) as server:
+        graph = create_speceyes_graph(
+            agent=openai_chat_model(server.url, "thyme"), tools="thyme", mode="agent"
+        ).compile()
+        out = graph.invoke({"question": "what is red?", "images": [scene]})
+    assert out["answer"] == "red", out
+    first, second = server.requests
+    assert first["stop"] == ["</code>", "</answer>"] and "continue_final_message" not in first
+    assert second["continue_final_message"] is True and second["add_generation_prompt"] is False
+    turn = second["messages"][-1]
+    assert turn["role"] == "assistant"
+    kinds = [p["type"] for p in turn["content"]]
+    assert kinds == ["text", "text", "image_url", "text"]
+    assert turn["content"][0]["text"].endswith("```\n</code>")
+    assert [turn["content"][i]["text"] for i in (1, 3)] == ["<sandbox_output>", "</sandbox_output>"]
