@@ -84,7 +84,9 @@ def run_specreason(
     for number in range(1, max_steps + 1):
         context = base + ([AIMessage(content=list(history))] if history else [])
         t0 = time.perf_counter()
-        drafted = message_text(call(small, context, "specreason draft", stop=stop, **_new_turn(small)))
+        drafted = message_text(
+            call(small, context, "specreason draft", stop=stop, **_new_turn(small))
+        )
         draft_s = time.perf_counter() - t0
         scoring = [*context, AIMessage(content=drafted), HumanMessage(content=prompts.verify)]
         t0 = time.perf_counter()
@@ -108,7 +110,9 @@ def run_specreason(
             step["model_latency_s"] = 0.0
         else:
             t0 = time.perf_counter()
-            text = message_text(call(large, context, "specreason step", stop=stop, **_new_turn(large)))
+            text = message_text(
+                call(large, context, "specreason step", stop=stop, **_new_turn(large))
+            )
             step["model_latency_s"] = time.perf_counter() - t0
         step["model_text"] = text
         if history:

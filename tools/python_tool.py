@@ -25,7 +25,12 @@ from .sandbox import INPUT_DIR, Sandbox, SandboxLimits, SandboxUnavailable, defa
 
 __all__ = ["make_python_sandbox_tool", "sandbox_image"]
 
-_EXTENSIONS = {"image/png": ".png", "image/jpeg": ".jpg", "image/webp": ".webp", "image/gif": ".gif"}
+_EXTENSIONS = {
+    "image/png": ".png",
+    "image/jpeg": ".jpg",
+    "image/webp": ".webp",
+    "image/gif": ".gif",
+}
 
 
 def sandbox_image(ref: str, store: ImageStore | None = None) -> tuple[bytes, str, tuple[int, int]]:

@@ -30,6 +30,7 @@ scripts/bench_sandbox.py`` prints the start-to-first-instruction overhead.
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -132,6 +133,12 @@ class SandboxResult:
         return out
 
 
+@functools.lru_cache(maxsize=1)
+def _distributions() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()  # a scan of site-packages: once
+
+
+@functools.lru_cache(maxsize=32)
 def _dist_dirs(module: str) -> list[Path]:
     """The top-level folders a library's distribution installs (its package and its bundled
     shared libraries, e.g. ``numpy`` and ``numpy.libs``)."""
@@ -141,7 +148,7 @@ def _dist_dirs(module: str) -> list[Path]:
     package = Path(next(iter(spec.submodule_search_locations)))
     site = package.parent
     dirs = {package}
-    for dist in importlib.metadata.packages_distributions().get(module, []):
+    for dist in _distributions().get(module, []):
         for f in importlib.metadata.distribution(dist).files or []:
             top = f.parts[0]
             if top.startswith("..") or top.endswith((".dist-info", ".egg-info")):
@@ -165,7 +172,10 @@ def bwrap_command(
     base = Path(sys.base_prefix)
     stdlib = Path(sysconfig.get_paths(vars={"base": sys.base_prefix})["stdlib"])
     cmd = [
-        bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        # --as-pid-1: the runner itself is PID 1, so there is no helper process of
+        # bubblewrap's inside for the code to trace or signal
+        bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
+        "--cap-drop", "ALL",
         "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
         "--setenv", "LANG", "C.UTF-8", "--setenv", "OMP_NUM_THREADS", "1",
         "--setenv", "OPENBLAS_NUM_THREADS", "1", "--setenv", "MKL_NUM_THREADS", "1",
@@ -189,10 +199,10 @@ def bwrap_command(
             cmd += ["--ro-bind", str(path), str(path)]
     for site in {Path(sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})[k]) for k in ("purelib", "platlib")}:
         if site.is_dir() and _is_under(site, [stdlib, base]):
-            cmd += ["--tmpfs", str(site)]
+            cmd += ["--tmpfs", str(site), "--remount-ro", str(site)]
     for site in ("/usr/lib/python3/dist-packages", "/usr/local/lib"):  # Debian's own packages
         if Path(site).is_dir():
-            cmd += ["--tmpfs", site]
+            cmd += ["--tmpfs", site, "--remount-ro", site]
     # the allowed libraries, in a site folder of their own
     cmd += ["--tmpfs", "/sandbox", "--ro-bind", str(RUNNER), "/sandbox/runner.py"]
     cmd += ["--dir", "/sandbox/site"]
@@ -203,6 +213,8 @@ def bwrap_command(
     # private scratch space, size-limited
     size = str(limits.scratch_bytes)
     cmd += ["--size", size, "--tmpfs", "/tmp", "--dir", "/mnt", "--size", size, "--tmpfs", "/mnt/data"]
+    # nothing else writable: bubblewrap's own root and /dev are unbounded tmpfs mounts
+    cmd += ["--remount-ro", "/", "--remount-ro", "/dev"]
     cmd += ["--chdir", "/mnt/data", str(exe), "-I", "-S", "-B", "/sandbox/runner.py"]
     return cmd
 
@@ -219,6 +231,7 @@ class _Process:
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
+            env={},  # nothing of the host's environment, not even in bubblewrap's own process
         )
         self.out = bytearray()
         self.err = bytearray()
@@ -266,6 +279,8 @@ class _Process:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:  # pragma: no cover - a stuck kernel
             pass
+        for reader in self._readers:  # read what it wrote to the end before the pipes close
+            reader.join(timeout=1)
         for stream in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
             try:
                 stream.close()
@@ -298,11 +313,13 @@ class Sandbox:
         self.limits = limits or SandboxLimits()
         if platform.system() != "Linux":
             raise SandboxUnavailable("the code sandbox needs Linux namespaces (bubblewrap)")
-        found = bwrap or shutil.which("bwrap")
+        found = shutil.which(bwrap or "bwrap")  # an explicit path too: it must be executable
         if not found:
+            where = f" at {bwrap}" if bwrap else ""
             raise SandboxUnavailable(
-                "bubblewrap (bwrap) is not installed: `apt-get install bubblewrap` (Debian/Ubuntu) "
-                "or `dnf install bubblewrap`; model-written code is never run without it"
+                f"bubblewrap (bwrap) is not installed{where}: `apt-get install bubblewrap` "
+                "(Debian/Ubuntu) or `dnf install bubblewrap`; model-written code is never run "
+                "without it"
             )
         self.command = bwrap_command(self.limits, libraries, found)
         self.warm = max(0, warm)
@@ -311,6 +328,8 @@ class Sandbox:
         self._idle: deque[_Process] = deque()
         self._lock = threading.Lock()
         self._closed = False
+        self._wanted = threading.Event()  # wakes the one thread that starts warm processes
+        self._warmer: threading.Thread | None = None
         self._checked = False
         cap = self.limits.max_images * (self.limits.image_bytes + 4096) + 4 * self.limits.stdout_bytes
         self._cap = cap + (1 << 20)
@@ -322,6 +341,15 @@ class Sandbox:
     def _spawn(self) -> _Process:
         self.started += 1
         return _Process(self.command, self._cap)
+
+    def _keep_warm(self) -> None:
+        """Start every warm process from this one long-lived thread: bubblewrap's
+        ``--die-with-parent`` is tied to the *thread* that started it, so a process started by
+        a short-lived thread is killed as soon as that thread ends."""
+        while not self._closed:
+            self._wanted.wait()
+            self._wanted.clear()
+            self._refill()
 
     def _refill(self) -> None:
         with self._lock:
@@ -344,12 +372,20 @@ class Sandbox:
             else:
                 proc = None
         if self.warm:
-            threading.Thread(target=self._refill, daemon=True).start()
+            with self._lock:
+                if self._warmer is None and not self._closed:
+                    self._warmer = threading.Thread(
+                        target=self._keep_warm, daemon=True, name="sandbox-warm"
+                    )
+                    self._warmer.start()
+            self._wanted.set()
         return proc or self._spawn()
 
     def check(self) -> None:
-        """Start one sandbox and run ``pass``; raise :class:`SandboxUnavailable` with
-        bubblewrap's own message if that fails."""
+        """Start one sandbox and run ``pass`` (once per instance); raise
+        :class:`SandboxUnavailable` with bubblewrap's own message if that fails."""
+        if self._checked:
+            return
         result = self.run("pass", _checking=True)
         if result.error:
             raise SandboxUnavailable(f"the code sandbox does not work here: {result.error}")
@@ -359,6 +395,7 @@ class Sandbox:
         with self._lock:
             self._closed = True
             idle, self._idle = list(self._idle), deque()
+        self._wanted.set()  # the warm thread ends
         for proc in idle:
             proc.kill()
 
@@ -407,22 +444,22 @@ class Sandbox:
         }
         header = json.dumps(request).encode()
         with self._slots:
+            asked = time.time()  # overhead_s counts from here: a cold start is overhead too
             proc = self._take()
             try:
-                return self._execute(proc, header, image or b"", wall, t0)
+                return self._execute(proc, header, image or b"", wall, t0, asked)
             finally:
                 proc.kill()
 
     def _execute(
-        self, proc: _Process, header: bytes, image: bytes, wall: float, t0: float
+        self, proc: _Process, header: bytes, image: bytes, wall: float, t0: float, asked: float
     ) -> SandboxResult:
-        if not proc.ready.wait(timeout=max(wall, 10.0)) or proc.popen.poll() not in (None, 0):
+        if not proc.ready.wait(timeout=max(wall, 10.0)) or b"READY\n" not in proc.out:
             proc.kill()
             if b"READY\n" not in proc.out:
                 raise SandboxUnavailable(
                     f"the sandbox did not start: {proc.startup_error()}"
                 )
-        sent_at = time.time()
         try:
             proc.popen.stdin.write(struct.pack(">I", len(header)) + header + image)
             proc.popen.stdin.close()
@@ -435,7 +472,7 @@ class Sandbox:
             timed_out = True
         proc.kill()
         proc.done.wait(timeout=5)
-        result = self._parse(proc, sent_at)
+        result = self._parse(proc, asked)
         result.latency_s = time.perf_counter() - t0
         if timed_out:
             result.timed_out = True
@@ -444,7 +481,7 @@ class Sandbox:
             result.error = _exit_reason(proc.popen.returncode)
         return result
 
-    def _parse(self, proc: _Process, sent_at: float) -> SandboxResult:
+    def _parse(self, proc: _Process, asked: float) -> SandboxResult:
         data = bytes(proc.out)
         at = data.find(MAGIC, data.find(b"READY\n"))
         if at < 0:
@@ -470,7 +507,7 @@ class Sandbox:
         )
         started = header.get("started")
         if isinstance(started, (int, float)):
-            result.overhead_s = max(0.0, started - sent_at)
+            result.overhead_s = max(0.0, started - asked)
         problems = []
         for key, label in (("stdout_size", "stdout"), ("stderr_size", "stderr")):
             size = header.get(key)
