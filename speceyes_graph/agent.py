@@ -1,8 +1,11 @@
 """Phase IV: the large model's tool loop, as a LangGraph subgraph named ``agent_loop``.
 
 The standard pattern: a model node, a ``ToolNode``, and an edge back, bounded by
-``max_steps`` model turns. Two protocols are spoken (see :mod:`.messages`): DeepEyes text
-(``<tool_call>`` JSON in plain text, parsed here defensively) and native tool calling.
+``max_steps`` model turns. Three protocols are spoken (see :mod:`.messages`): DeepEyes text
+(``<tool_call>`` JSON in plain text, parsed here defensively), Thyme (``<code>`` blocks run
+by the ``python_sandbox`` tool in an OS sandbox, the output continuing the same assistant
+turn; a step with neither code nor an answer ends the loop, as published) and native tool
+calling.
 Everything a model writes is untrusted: malformed calls and unknown tools are recorded and
 answered with a corrective message (the ``correct`` node); tool failures go back to the
 model as the tool's answer; a model exception or a passed deadline fails only this query,

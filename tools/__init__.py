@@ -1,4 +1,4 @@
-"""speceyes_tools: vision tools (crop, zoom, OCR) as LangChain tools.
+"""speceyes_tools: vision tools (crop, zoom, OCR, a code sandbox) as LangChain tools.
 
 The module-level tools are default instances (boxes in the model's resized frame, Qwen2.5-VL
 resize rule). Use the ``make_*`` factories for other settings. The tools read the query's
@@ -28,6 +28,8 @@ from .images import (
     release,
     smart_resize,
 )
+from .python_tool import make_python_sandbox_tool
+from .sandbox import Sandbox, SandboxLimits, SandboxResult, SandboxUnavailable
 from .tesseract import OCRUnavailable, check_tesseract, make_ocr_tool, ocr_array
 from .vision import crop_array, make_crop_tool, make_image_zoom_in_tool, make_zoom_tool, zoom_array
 
@@ -50,6 +52,11 @@ def __getattr__(name: str) -> BaseTool:
 
 
 __all__ = [
+    "Sandbox",
+    "SandboxLimits",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "make_python_sandbox_tool",
     "BlobStore",
     "BoxError",
     "Coordinates",
