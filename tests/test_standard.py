@@ -29,7 +29,13 @@ from scripted_generate import scripted_chat_model
 
 from speceyes_graph.demo import demo_checkpoints
 from speceyes_graph.models import ChatTransformersVLM
-from speceyes_tools import make_crop_tool, make_image_zoom_in_tool, make_ocr_tool, make_zoom_tool
+from speceyes_tools import (
+    make_crop_tool,
+    make_image_zoom_in_tool,
+    make_ocr_tool,
+    make_python_sandbox_tool,
+    make_zoom_tool,
+)
 
 TINY_CANNOT = (
     "a tiny checkpoint (random, or trained only on the demo world) cannot write a tool call "
@@ -382,6 +388,28 @@ class TestOCRToolUnit(_ToolSuite, ToolsUnitTests):
 
 class TestOCRToolIntegration(_ToolSuite, ToolsIntegrationTests):
     make = staticmethod(make_ocr_tool)
+
+
+class _SandboxSuite(_ToolSuite):
+    make = staticmethod(make_python_sandbox_tool)
+
+    @property
+    def tool_invoke_params_example(self) -> dict:
+        code = (
+            "from PIL import Image\n"
+            "Image.open(image_path).crop((100, 100, 200, 160)).save("
+            "'/mnt/data/temp_processed_images/crop.png')\n"
+            "print('/mnt/data/temp_processed_images/crop.png')"
+        )
+        return {"code": code, "state": _state()}
+
+
+class TestPythonSandboxToolUnit(_SandboxSuite, ToolsUnitTests):
+    pass
+
+
+class TestPythonSandboxToolIntegration(_SandboxSuite, ToolsIntegrationTests):
+    pass
 
 
 def test_tool_results_carry_pixels_for_the_model():
