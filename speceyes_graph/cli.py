@@ -311,6 +311,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         checkpoints=checkpoints,
         progress=not args.no_progress,
+        specreason=args.specreason,
     )
     return 1 if summary["errors"] else 0
 
@@ -345,6 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoints", help="a train-demo output folder instead of the shipped checkpoints"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--specreason",
+        action="store_true",
+        help="also run the SpecReason baseline (about doubles the run time)",
+    )
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(

@@ -39,7 +39,7 @@ def test_fixed_queries_give_the_recorded_routes_and_answers(models, tmp_path):
 def test_demo_command_end_to_end(tmp_path):
     out = tmp_path / "d"
     r = subprocess.run(
-        [sys.executable, "-m", "speceyes_graph", "demo", "--n", "12", "-o", str(out)],
+        [sys.executable, "-m", "speceyes_graph", "demo", "--n", "12", "-o", str(out), "--specreason"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -57,8 +57,12 @@ def test_demo_command_end_to_end(tmp_path):
     wall = next(line for line in r.stdout.splitlines() if line.startswith("speedup_wall "))
     assert f"{report['speedup_wall']:.2f}x" in wall and f"{summary['speedup_wall']:.2f}x" in wall
     assert "(measured/ideal = " in r.stdout and "= separability 6.49" in r.stdout
-    for mode in ("agent only", "SpecEyes", "small model only"):
+    for mode in ("agent only", "SpecEyes", "small model only", "SpecReason"):
         assert mode in r.stdout
+    assert set(summary["rows"]) == {"agent", "speceyes", "small", "specreason"}
+    assert summary["specreason"]["steps"] >= 12
+    methods = (out / "run-speceyes" / "report.md").read_text().split("## Methods compared")[1]
+    assert "| SpecReason |" in methods and "| small model only" in methods
     assert "writing scenes" in r.stderr and "agent only" in r.stderr  # progress bars
     gate_md = (out / "gate" / "report.md").read_text()
     assert gate_md.startswith("# The gate") and "run-small" not in gate_md.splitlines()[0]

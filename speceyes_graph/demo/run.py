@@ -23,7 +23,7 @@ from PIL import Image
 
 from ..agent import LoopOptions
 from ..benchmarks.datasets import BenchQuery
-from ..benchmarks.report import DEFINITIONS, write_report
+from ..benchmarks.report import DEFINITIONS, build_report, write_report
 from ..benchmarks.runner import read_records, run_benchmark
 from ..drawing import draw
 from ..graph import create_speceyes_graph
@@ -44,7 +44,12 @@ __all__ = [
 EVAL_SEED = 20_251_130  # far from the training seeds
 ZOOM_SHARE = 1 / 3  # a third of the demo's queries need the zoom tool
 SPLITS = {True: "needs-zoom", False: "no-zoom"}
-LABELS = {"agent": "agent only", "speceyes": "SpecEyes", "small": "small model only"}
+LABELS = {
+    "agent": "agent only",
+    "speceyes": "SpecEyes",
+    "small": "small model only",
+    "specreason": "SpecReason",
+}
 ROUTE_WORDS = {
     "speculative": "judge: no tools needed; draft accepted by the gate",
     "judged-agentic": "judge: tools needed; agent loop",
@@ -159,8 +164,10 @@ def run_demo(
     checkpoints: dict[str, Path] | None = None,
     progress: bool = True,
     print_fn=print,
+    specreason: bool = False,
 ) -> dict[str, Any]:
-    """Run the side-by-side comparison and write everything under ``out_dir``."""
+    """Run the side-by-side comparison and write everything under ``out_dir``;
+    ``specreason`` adds the SpecReason baseline (about as long again as the rest)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -172,11 +179,15 @@ def run_demo(
         "speceyes": demo_graph(models["small"], models["large"]),
         "small": demo_graph(models["small"], mode="small"),
     }
+    modes = ["agent", "speceyes", "small"]
+    if specreason:
+        graphs["specreason"] = demo_graph(models["small"], models["large"], mode="specreason")
+        modes.append("specreason")
     (out / "workflow.png").write_bytes(draw(graphs["speceyes"], "png"))
     # enough queries in flight that the agent's batches fill while the judge and drafts take
     # their turns (the same for every mode)
     concurrency = 4 * batch_size
-    for mode in ("agent", "speceyes", "small"):
+    for mode in modes:
         run_dir = out / f"run-{mode}"
         for f in ("records.jsonl", "run.json"):  # a demo is a fresh measurement every time
             (run_dir / f).unlink(missing_ok=True)
@@ -192,7 +203,10 @@ def run_demo(
             settings=_recorded_settings(batch_size, concurrency),
         )
     report = write_report(
-        out / "run-speceyes", out / "run-agent", title="SpecEyes against the agent-only baseline"
+        out / "run-speceyes",
+        out / "run-agent",
+        title="SpecEyes against the agent-only baseline",
+        compare=[out / f"run-{m}" for m in modes if m not in ("agent", "speceyes")],
     )
     gate = write_report(
         out / "run-small",
@@ -200,8 +214,24 @@ def run_demo(
         out / "gate",
         title="The gate: the small model's draft on every query, scored by its separability",
     )
-    records = {m: read_records(out / f"run-{m}") for m in ("agent", "speceyes", "small")}
+    records = {m: read_records(out / f"run-{m}") for m in modes}
     summary = _summary(report, gate, records)
+    if specreason:
+        sr = build_report(out / "run-specreason", out / "run-agent")["summary"]
+        summary["rows"]["specreason"] = {
+            "accuracy": sr["accuracy"],
+            "needs_zoom": _split_accuracy(records["specreason"], SPLITS[True]),
+            "no_zoom": _split_accuracy(records["specreason"], SPLITS[False]),
+            "wall_s": sr["wall_s"],
+            "latency_mean_s": sr["latency_mean_s"],
+            "errors": sr["errors"],
+        }
+        steps = [st for r in records["specreason"] for st in r.get("agent_steps") or []]
+        summary["specreason"] = {
+            "speedup_wall": sr.get("speedup_wall"),
+            "steps": len(steps),
+            "accepted": sum(bool(st.get("accepted")) for st in steps),
+        }
     summary["examples"] = write_examples(out / "examples", queries, records)
     summary["total_s"] = time.perf_counter() - t0
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -334,6 +364,13 @@ def summary_text(summary: dict[str, Any]) -> str:
     lines.append("")
     for name, value, meaning in figures:
         lines.append(f"{name:<17}{value:>7}  {meaning}")
+    if summary.get("specreason"):
+        sr = summary["specreason"]
+        lines.append(
+            f"\nSpecReason: {_f(sr['speedup_wall'], '.2f')}x the agent's throughput; the large "
+            f"model kept {sr['accepted']} of {sr['steps']} drafted steps (the demo agent was never "
+            "trained to score steps 0-9: most of its replies hold no digit, which counts as 0)"
+        )
     lines.append(
         "\nroutes (SpecEyes): "
         + ", ".join(f"{k} {v}" for k, v in sorted(summary["routes"].items()))
