@@ -327,6 +327,17 @@ def sweep(
     return out
 
 
+def _scored_run(run_dir: Path, scoring: str, judge: Any) -> tuple[dict, str, list, dict, dict]:
+    """(settings, benchmark, rescored records, scoring stats, summary) of one run folder."""
+    records = read_records(run_dir)
+    if not records:
+        raise FileNotFoundError(f"no records in {run_dir}")
+    settings = _run_settings(run_dir)
+    benchmark = settings.get("benchmark") or ("vstar" if records[0].get("options") else "pope")
+    records, stats = rescore(records, benchmark, scoring, judge, run_dir / "grades.jsonl")
+    return settings, benchmark, records, stats, _summary(records, _wall(run_dir))
+
+
 def build_report(
     run_dir: str | Path,
     baseline_dir: str | Path | None = None,
@@ -335,13 +346,7 @@ def build_report(
     judge: Any = None,
 ) -> dict[str, Any]:
     run_dir = Path(run_dir)
-    records = read_records(run_dir)
-    if not records:
-        raise FileNotFoundError(f"no records in {run_dir}")
-    settings = _run_settings(run_dir)
-    benchmark = settings.get("benchmark") or ("vstar" if records[0].get("options") else "pope")
-    records, stats = rescore(records, benchmark, scoring, judge, run_dir / "grades.jsonl")
-    summary = _summary(records, _wall(run_dir))
+    settings, benchmark, records, stats, summary = _scored_run(run_dir, scoring, judge)
     summary.update(
         schedule=settings.get("schedule", "concurrent"),
         tau=settings.get("threshold"),
@@ -404,14 +409,8 @@ def compare_methods(
     dirs = [Path(d) for d in ([baseline_dir] if baseline_dir else []) + list(run_dirs)]
     base: dict[str, Any] | None = None
     for d in dict.fromkeys(dirs):
-        records = read_records(d)
-        if not records:
-            raise FileNotFoundError(f"no records in {d}")
-        settings = _run_settings(d)
-        benchmark = settings.get("benchmark") or ("vstar" if records[0].get("options") else "pope")
-        records, _ = rescore(records, benchmark, scoring, judge, d / "grades.jsonl")
-        s = _summary(records, _wall(d))
-        mode = settings.get("mode") or (records[0].get("mode") if records else None)
+        settings, _, records, _, s = _scored_run(d, scoring, judge)
+        mode = settings.get("mode") or records[0].get("mode")
         row = {
             "run": str(d),
             "method": METHOD_NAMES.get(mode, mode or "?"),
