@@ -83,6 +83,8 @@ def check_bench_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             )
     if not Path(args.data).exists():
         parser.error(f"--data {args.data}: no such file or folder")
+    if args.max_new_tokens is None:  # the published step length of the agent
+        args.max_new_tokens = 2048 if args.tools == "thyme" else 512
     if args.threshold is None:  # the published tau of the agent: 0.95 for Thyme, else 0.98
         args.threshold = 0.95 if args.tools == "thyme" else 0.98
     if not 0.0 <= args.threshold <= 1.0:
@@ -418,7 +420,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--batch-size", type=int, default=16, help="max batch per model call (2x queries in flight)"
     )
-    p.add_argument("--max-new-tokens", type=int, default=512, help="per agent step")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="per agent step (default: the published 512 for DeepEyes, 2048 for Thyme)",
+    )
     p.add_argument(
         "--max-agent-steps", type=int, default=None, help="default 6 (DeepEyes), 5 (Thyme)"
     )
