@@ -235,8 +235,12 @@ def create_speceyes_graph(
         available.add("small")
         if judge_raw is not None and agent is not None:
             available.add("speceyes")
-        if agent is not None:
+        if agent is not None and chosen in ("deepeyes", "thyme"):  # text protocols only
             available.add("specreason")
+    if mode == "specreason" and "specreason" not in available:
+        raise ValueError(
+            f"mode 'specreason' drafts steps of a text protocol (deepeyes or thyme), not {chosen!r}"
+        )
     defaults = RunSettings(
         tau=gate.tau,
         k=gate.k,

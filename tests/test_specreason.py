@@ -160,3 +160,12 @@ def test_tiny_checkpoints_smoke_thyme_runs_and_the_methods_table(tiny_models, tm
     for method in ("agent only", "small model only", "SpecReason", "SpecEyes"):
         assert f"| {method}" in table
     assert "| SpecEyes | thyme | 0.95 |" in table
+
+
+def test_specreason_needs_a_text_protocol():
+    import pytest
+
+    with pytest.raises(ValueError, match="text protocol"):
+        create_speceyes_graph(
+            speculator=small_model(), agent=large_model(), tools="vision", mode="specreason"
+        )
