@@ -254,3 +254,27 @@ def test_thyme_over_http_continues_the_assistant_turn_with_the_crop_inside(scene
     assert kinds == ["text", "text", "image_url", "text"]
     assert turn["content"][0]["text"].endswith("```\n</code>")
     assert [turn["content"][i]["text"] for i in (1, 3)] == ["<sandbox_output>", "</sandbox_output>"]
+
+
+def test_the_sandbox_gets_the_original_file_under_its_own_name(tmp_path):
+    """As the published harness runs the code on the dataset's file: the same bytes (no
+    re-encoding), the file's own name, the original size in the prompt."""
+    import hashlib
+
+    from PIL import Image
+
+    from speceyes_tools import make_python_sandbox_tool
+
+    path = tmp_path / "sa_4690.jpg"
+    Image.new("RGB", (333, 222), (10, 200, 30)).save(path, quality=80)
+    tool = make_python_sandbox_tool()
+    code = (
+        "import hashlib, os\n"
+        "print(os.path.basename(image_path), hashlib.sha256(open(image_path, 'rb').read()).hexdigest())\n"
+        "print(Image.open(image_path).size)"
+    )
+    out = tool.invoke({"code": code, "state": {"images": [str(path)]}})
+    name, digest, size = out.replace("\n", " ").split(" ", 2)
+    assert name == "sa_4690.jpg"
+    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert size == "(333, 222)"

@@ -370,6 +370,12 @@ class ImageStore:
             "stored by another process: use DirectoryBlobs for threads that outlive a process)"
         )
 
+    def encoded(self, ref: str) -> bytes:
+        """The encoded bytes behind any reference, under the policy, without decoding them
+        (a file is read, a URL or ``data:`` URL kept as a blob first)."""
+        _, load = self._source(ref)
+        return load()
+
     def base64(self, key: str) -> tuple[str, str]:
         """(base64 data, MIME type) of a blob, for a model call."""
         data = self.read(key)

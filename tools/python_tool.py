@@ -34,19 +34,18 @@ _EXTENSIONS = {
 
 
 def sandbox_image(ref: str, store: ImageStore | None = None) -> tuple[bytes, str, tuple[int, int]]:
-    """(encoded bytes, file name, (width, height)) of a query image as the sandbox gets it.
-
-    Stored bytes are passed as they are (no re-encoding); a file becomes PNG of its pixels."""
+    """(encoded bytes, file name, (width, height)) of a query image as the sandbox gets it:
+    the original bytes (no re-encoding) and, for a file, its own name, as the published
+    harness shows the dataset's path; formats other than PNG, JPEG, WebP and GIF become PNG."""
     store = store or default_store()
-    if is_blob_key(ref):
-        data = store.read(ref)
-        ext = _EXTENSIONS.get(sniff_mime(data))
-        if ext:
-            width, height = store.size(ref)
-            return data, "image" + ext, (width, height)
-    pixels = store.get(ref)
-    stem = "image" if is_blob_key(ref) else (Path(ref).stem or "image")
-    return encode_png(pixels), stem + ".png", (pixels.shape[1], pixels.shape[0])
+    stem = "image" if is_blob_key(ref) or "://" in ref or ref.startswith("data:") else Path(ref).stem
+    stem = stem or "image"
+    data = store.encoded(ref)
+    ext = _EXTENSIONS.get(sniff_mime(data))
+    width, height = store.size(ref)
+    if ext is None:
+        return encode_png(store.get(ref)), stem + ".png", (width, height)
+    return data, stem + ext, (width, height)
 
 
 def sandbox_image_path(ref: str, store: ImageStore | None = None) -> tuple[str, tuple[int, int]]:
