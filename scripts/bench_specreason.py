@@ -29,7 +29,9 @@ def main() -> None:
     queries = demo_queries(out / "scenes", args.n, progress=False)
     graph = demo_graph(models["small"], models["large"], mode="specreason").compile()
     print(f"SpecReason on {args.n} demo queries, batch size {args.batch_size}")
-    print(f"{'concurrency':>11} {'wall s':>8} {'accuracy':>9}  small: requests/batches (mean)  large: requests/batches (mean)")
+    print(
+        f"{'concurrency':>11} {'wall s':>8} {'accuracy':>9}  small: requests/batches (mean)  large: requests/batches (mean)"
+    )
     for concurrency in args.concurrency:
         for model in models.values():
             model.scheduler.stats.__init__()  # count this run only

@@ -101,9 +101,9 @@ def test_specreason_with_the_deepeyes_protocol(scene):
     small = ScriptedChatModel(respond=lambda msgs: "<think>hmm, a guess</think>")
     large = deepeyes_agent(answer="C")
     scorer_and_agent = ScriptedChatModel(
-        respond=lambda msgs: "3"
-        if "evaluate the quality" in message_text(msgs[-1])
-        else large.respond(msgs)
+        respond=lambda msgs: (
+            "3" if "evaluate the quality" in message_text(msgs[-1]) else large.respond(msgs)
+        )
     )
     graph, _, _ = build(tools="deepeyes", small=small, large=scorer_and_agent)
     out = graph.invoke({"question": "what colour?", "images": [scene]})

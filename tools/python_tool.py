@@ -38,7 +38,9 @@ def sandbox_image(ref: str, store: ImageStore | None = None) -> tuple[bytes, str
     the original bytes (no re-encoding) and, for a file, its own name, as the published
     harness shows the dataset's path; formats other than PNG, JPEG, WebP and GIF become PNG."""
     store = store or default_store()
-    stem = "image" if is_blob_key(ref) or "://" in ref or ref.startswith("data:") else Path(ref).stem
+    stem = (
+        "image" if is_blob_key(ref) or "://" in ref or ref.startswith("data:") else Path(ref).stem
+    )
     stem = stem or "image"
     data = store.encoded(ref)
     ext = _EXTENSIONS.get(sniff_mime(data))

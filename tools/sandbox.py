@@ -129,7 +129,9 @@ class SandboxResult:
     def trace(self) -> dict:
         """JSON-safe summary (no pixels) for agent steps and logs."""
         out = asdict(self)
-        out["images"] = [{"name": im.name, "size": list(im.pixels.shape[1::-1])} for im in self.images]
+        out["images"] = [
+            {"name": im.name, "size": list(im.pixels.shape[1::-1])} for im in self.images
+        ]
         return out
 
 
@@ -197,7 +199,10 @@ def bwrap_command(
     for path in (exe, Path(sysconfig.get_config_var("LIBDIR") or ""), stdlib):
         if path.parts and path.exists() and not _is_under(path, system):
             cmd += ["--ro-bind", str(path), str(path)]
-    for site in {Path(sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})[k]) for k in ("purelib", "platlib")}:
+    for site in {
+        Path(sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})[k])
+        for k in ("purelib", "platlib")
+    }:
         if site.is_dir() and _is_under(site, [stdlib, base]):
             cmd += ["--tmpfs", str(site), "--remount-ro", str(site)]
     for site in ("/usr/lib/python3/dist-packages", "/usr/local/lib"):  # Debian's own packages
@@ -212,7 +217,18 @@ def bwrap_command(
     cmd += ["--remount-ro", "/sandbox"]
     # private scratch space, size-limited
     size = str(limits.scratch_bytes)
-    cmd += ["--size", size, "--tmpfs", "/tmp", "--dir", "/mnt", "--size", size, "--tmpfs", "/mnt/data"]
+    cmd += [
+        "--size",
+        size,
+        "--tmpfs",
+        "/tmp",
+        "--dir",
+        "/mnt",
+        "--size",
+        size,
+        "--tmpfs",
+        "/mnt/data",
+    ]
     # nothing else writable: bubblewrap's own root and /dev are unbounded tmpfs mounts
     cmd += ["--remount-ro", "/", "--remount-ro", "/dev"]
     cmd += ["--chdir", "/mnt/data", str(exe), "-I", "-S", "-B", "/sandbox/runner.py"]
@@ -331,7 +347,9 @@ class Sandbox:
         self._wanted = threading.Event()  # wakes the one thread that starts warm processes
         self._warmer: threading.Thread | None = None
         self._checked = False
-        cap = self.limits.max_images * (self.limits.image_bytes + 4096) + 4 * self.limits.stdout_bytes
+        cap = (
+            self.limits.max_images * (self.limits.image_bytes + 4096) + 4 * self.limits.stdout_bytes
+        )
         self._cap = cap + (1 << 20)
         self.started = 0  # processes started, for benchmarks
         atexit.register(self.close)
@@ -428,13 +446,18 @@ class Sandbox:
         if not _checking and not self._checked:
             self.check()
         t0 = time.perf_counter()
-        if not isinstance(code, str) or len(code.encode("utf-8", "replace")) > self.limits.code_bytes:
+        if (
+            not isinstance(code, str)
+            or len(code.encode("utf-8", "replace")) > self.limits.code_bytes
+        ):
             return SandboxResult(
                 error=f"the code is not a string of at most {self.limits.code_bytes} bytes",
                 latency_s=time.perf_counter() - t0,
             )
         wall = min(x for x in (self.limits.wall_s, timeout, time_left()) if x is not None)
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", Path(image_name).name)[:100].lstrip(".") or "image.png"
+        name = (
+            re.sub(r"[^A-Za-z0-9._-]", "_", Path(image_name).name)[:100].lstrip(".") or "image.png"
+        )
         request = {
             "code": code,
             "image_name": name,
@@ -457,9 +480,7 @@ class Sandbox:
         if not proc.ready.wait(timeout=max(wall, 10.0)) or b"READY\n" not in proc.out:
             proc.kill()
             if b"READY\n" not in proc.out:
-                raise SandboxUnavailable(
-                    f"the sandbox did not start: {proc.startup_error()}"
-                )
+                raise SandboxUnavailable(f"the sandbox did not start: {proc.startup_error()}")
         try:
             proc.popen.stdin.write(struct.pack(">I", len(header)) + header + image)
             proc.popen.stdin.close()
