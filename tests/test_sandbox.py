@@ -666,3 +666,23 @@ def test_code_starting_with_a_block_runs(sb):
     result = sb.run("for i in range(2):\n    print(i)\n")
     assert result.ok, result.error
     assert result.stdout.split() == ["0", "1"]
+
+
+def test_only_the_allowed_libraries_are_importable(sb):
+    code = """
+import importlib
+for name in ("numpy", "PIL.Image", "cv2", "torch", "transformers", "langchain_core",
+             "speceyes_graph", "speceyes_tools", "pytest"):
+    try:
+        importlib.import_module(name)
+        print(name, "yes")
+    except ImportError:
+        print(name, "no")
+"""
+    result = sb.run(code)
+    assert result.ok, result.error
+    seen = dict(line.split() for line in result.stdout.strip().splitlines())
+    assert seen == {
+        "numpy": "yes", "PIL.Image": "yes", "cv2": "yes", "torch": "no", "transformers": "no",
+        "langchain_core": "no", "speceyes_graph": "no", "speceyes_tools": "no", "pytest": "no",
+    }  # fmt: skip

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import glob
 import importlib.metadata
 import importlib.util
 import json
@@ -205,8 +206,10 @@ def bwrap_command(
     }:
         if site.is_dir() and _is_under(site, [stdlib, base]):
             cmd += ["--tmpfs", str(site), "--remount-ro", str(site)]
-    for site in ("/usr/lib/python3/dist-packages", "/usr/local/lib"):  # Debian's own packages
-        if Path(site).is_dir():
+    # Debian's package folders (apt's and pip's); only those: /usr/local/lib also holds
+    # the standard library and libpython of a Python built there (the python Docker images)
+    for pattern in ("/usr/lib/python3*/dist-packages", "/usr/local/lib/python3*/dist-packages"):
+        for site in sorted(glob.glob(pattern)):
             cmd += ["--tmpfs", site, "--remount-ro", site]
     # the allowed libraries, in a site folder of their own
     cmd += ["--tmpfs", "/sandbox", "--ro-bind", str(RUNNER), "/sandbox/runner.py"]
