@@ -124,14 +124,16 @@ def test_a_model_view_needs_no_decode(tmp_path):
 # --- the scheduler waits for announced requests --------------------------------------------
 
 
+def echo_scheduler(sizes: list, **settings) -> BatchScheduler:
+    """A scheduler whose batches return their payloads, recording each batch's size."""
+    return BatchScheduler(
+        lambda key, payloads: sizes.append(len(payloads)) or list(payloads), **settings
+    )
+
+
 def test_announced_requests_meet_in_one_batch():
     sizes = []
-    scheduler = BatchScheduler(
-        lambda key, payloads: sizes.append(len(payloads)) or list(payloads),
-        max_batch_size=8,
-        max_wait_s=0.001,
-        max_expect_s=5.0,
-    )
+    scheduler = echo_scheduler(sizes, max_batch_size=8, max_wait_s=0.001, max_expect_s=5.0)
     scheduler.expect("k", 4)
     results = []
 
@@ -149,11 +151,7 @@ def test_announced_requests_meet_in_one_batch():
 
 def test_a_withdrawn_announcement_does_not_hold_a_batch():
     sizes = []
-    scheduler = BatchScheduler(
-        lambda key, payloads: sizes.append(len(payloads)) or list(payloads),
-        max_wait_s=0.001,
-        max_expect_s=30.0,
-    )
+    scheduler = echo_scheduler(sizes, max_wait_s=0.001, max_expect_s=30.0)
     scheduler.expect("k", 2)
     scheduler.expect("k", -1)  # one of them failed while being prepared
     done = []

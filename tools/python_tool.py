@@ -33,27 +33,36 @@ _EXTENSIONS = {
 }
 
 
+def _stem_and_extension(ref: str, store: ImageStore) -> tuple[str, str | None]:
+    """The name the image gets in the sandbox (a file keeps its own stem) and the extension
+    of its format, from its first bytes only; None for formats sent as PNG."""
+    key = store.intern(ref)  # query images are already stable: a path or a blob key
+    if is_blob_key(key):
+        stem, head = "image", store.read(key)[:16]
+    else:
+        with open(key, "rb") as f:
+            stem, head = Path(key).stem or "image", f.read(16)
+    return stem, _EXTENSIONS.get(sniff_mime(head))
+
+
 def sandbox_image(ref: str, store: ImageStore | None = None) -> tuple[bytes, str, tuple[int, int]]:
     """(encoded bytes, file name, (width, height)) of a query image as the sandbox gets it:
     the original bytes (no re-encoding) and, for a file, its own name, as the published
     harness shows the dataset's path; formats other than PNG, JPEG, WebP and GIF become PNG."""
     store = store or default_store()
-    stem = (
-        "image" if is_blob_key(ref) or "://" in ref or ref.startswith("data:") else Path(ref).stem
-    )
-    stem = stem or "image"
-    data = store.encoded(ref)
-    ext = _EXTENSIONS.get(sniff_mime(data))
-    width, height = store.size(ref)
+    stem, ext = _stem_and_extension(ref, store)
+    size = store.size(ref)
     if ext is None:
-        return encode_png(store.get(ref)), stem + ".png", (width, height)
-    return data, stem + ext, (width, height)
+        return encode_png(store.get(ref)), stem + ".png", size
+    return store.encoded(ref), stem + ext, size
 
 
 def sandbox_image_path(ref: str, store: ImageStore | None = None) -> tuple[str, tuple[int, int]]:
-    """Where the code finds the query image in the sandbox, and its original size."""
-    _, name, size = sandbox_image(ref, store)
-    return f"{INPUT_DIR}/{name}", size
+    """Where the code finds the query image in the sandbox, and its original size (for the
+    prompt: reads the first bytes only)."""
+    store = store or default_store()
+    stem, ext = _stem_and_extension(ref, store)
+    return f"{INPUT_DIR}/{stem}{ext or '.png'}", store.size(ref)
 
 
 class _CodeArgs(BaseModel):

@@ -85,11 +85,10 @@ def _flat(images: Any) -> list:
     return [images]
 
 
-class CachedImageProcessor:
-    """An image processor whose per-image outputs are kept (LRU, bounded by bytes)."""
+class _CountedCache:
+    """A byte-bounded LRU with hit and miss counts; ``max_bytes`` can be changed live."""
 
-    def __init__(self, inner: Any, max_bytes: int = 1 << 30):
-        self.inner = inner
+    def __init__(self, max_bytes: int):
         self.hits = 0
         self.misses = 0
         self._cache = _BytesLRU(max_bytes, _nbytes)
@@ -101,6 +100,14 @@ class CachedImageProcessor:
     @max_bytes.setter
     def max_bytes(self, value: int) -> None:
         self._cache.max_bytes = value
+
+
+class CachedImageProcessor(_CountedCache):
+    """An image processor whose per-image outputs are kept (LRU, bounded by bytes)."""
+
+    def __init__(self, inner: Any, max_bytes: int = 1 << 30):
+        self.inner = inner
+        super().__init__(max_bytes)
 
     def __getattr__(self, name: str) -> Any:  # everything else is the wrapped processor's
         if name in ("inner", "_cache"):
@@ -157,7 +164,7 @@ def vision_keys(keys: Sequence[str | None]) -> Any:
     return _naming(_VISION_KEYS, keys)
 
 
-class CachedVisionEncoder:
+class CachedVisionEncoder(_CountedCache):
     """Wraps a Qwen-VL base model's ``get_image_features``: each image's encoder output is
     kept by content key and reused by later calls (the judge's image on the agent's turns,
     the original image on every turn after a zoom).
@@ -172,18 +179,8 @@ class CachedVisionEncoder:
     def __init__(self, encode: Any, merge_size: int, max_bytes: int = 256 << 20):
         self.encode = encode
         self.merge_size = merge_size
-        self.hits = 0
-        self.misses = 0
-        self._cache = _BytesLRU(max_bytes, _nbytes)
+        super().__init__(max_bytes)
         functools.update_wrapper(self, encode)  # generate inspects the signature
-
-    @property
-    def max_bytes(self) -> int:
-        return self._cache.max_bytes
-
-    @max_bytes.setter
-    def max_bytes(self, value: int) -> None:
-        self._cache.max_bytes = value
 
     def __call__(self, pixel_values: Any, image_grid_thw: Any = None, **kwargs: Any) -> Any:
         keys = _VISION_KEYS.get()
