@@ -54,8 +54,11 @@ def served_store() -> ImageStore:
 @functools.cache
 def served_models() -> dict[str, Any]:
     """Keyword arguments for ``create_speceyes_graph``: models, prompts, gate, tools."""
-    gate = GateConfig(tau=float(env("SPECEYES_TAU", "0.98")), k=int(env("SPECEYES_TOP_K", "64")))
-    common: dict[str, Any] = {"gate": gate, "tools": env("SPECEYES_TOOLS", "deepeyes")}
+    tools = env("SPECEYES_TOOLS", "deepeyes")
+    thyme = tools == "thyme"  # the published Thyme settings: tau 0.95, 2048 tokens a step
+    tau = float(env("SPECEYES_TAU", "0.95" if thyme else "0.98"))
+    gate = GateConfig(tau=tau, k=int(env("SPECEYES_TOP_K", "64")))
+    common: dict[str, Any] = {"gate": gate, "tools": tools}
     if env("SPECEYES_SMALL_URL") and env("SPECEYES_LARGE_URL"):
         from speceyes_graph.models import openai_models
 
@@ -67,6 +70,7 @@ def served_models() -> dict[str, Any]:
                 env("SPECEYES_LARGE_URL"),
                 env("SPECEYES_LARGE_MODEL", "large"),
                 top_logprobs=gate.k,
+                agent_max_tokens=2048 if thyme else 512,
             ),
         }
     if env("SPECEYES_SMALL_PATH") and env("SPECEYES_LARGE_PATH"):

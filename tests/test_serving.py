@@ -316,3 +316,22 @@ def test_served_models_see_their_familys_resolution(tmp_path):
         "openai:http://h:1/v1#Qwen/Qwen3-VL-2B-Instruct?max_pixels=1003520", "small"
     )
     assert spec.resize.max_pixels == 1003520 and spec.resize.factor == 32
+
+
+def test_studio_serves_thyme_with_its_published_defaults(monkeypatch, scene4k, tmp_path):
+    """SPECEYES_TOOLS=thyme: the served graph speaks Thyme, tau 0.95, 2048 tokens a step."""
+    import importlib
+
+    from speceyes_graph import studio
+
+    monkeypatch.setenv("SPECEYES_TOOLS", "thyme")
+    monkeypatch.setenv("SPECEYES_SMALL_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("SPECEYES_LARGE_URL", "http://127.0.0.1:9/v1")
+    importlib.reload(studio)
+    try:
+        settings = studio.served_models()
+        assert settings["gate"].tau == 0.95 and settings["tools"] == "thyme"
+        assert settings["agent"].max_tokens == 2048
+    finally:
+        monkeypatch.undo()
+        importlib.reload(studio)

@@ -278,3 +278,35 @@ def test_the_sandbox_gets_the_original_file_under_its_own_name(tmp_path):
     assert name == "sa_4690.jpg"
     assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
     assert size == "(333, 222)"
+
+
+def test_other_formats_reach_the_sandbox_as_png_under_the_name_the_prompt_gives(tmp_path):
+    from PIL import Image
+
+    from speceyes_tools import make_python_sandbox_tool
+    from speceyes_tools.python_tool import sandbox_image_path
+
+    path = tmp_path / "scan.bmp"
+    Image.new("RGB", (50, 40), (1, 2, 3)).save(path)
+    assert sandbox_image_path(str(path)) == ("/mnt/data/images/scan.png", (50, 40))
+    code = "import os\nprint(os.path.basename(image_path), Image.open(image_path).format)"
+    out = make_python_sandbox_tool().invoke({"code": code, "state": {"images": [str(path)]}})
+    assert out.split() == ["scan.png", "PNG"]
+
+
+def test_thyme_on_a_reused_thread_starts_clean_and_keeps_no_pixels(scene):
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    graph = create_speceyes_graph(
+        judge=judge("yes"), speculator=speculator("A"), agent=thyme_agent(), tools="thyme"
+    ).compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}}
+    first = graph.invoke({"question": "good: what is red?", "images": [scene]}, config)
+    second = graph.invoke({"question": "printing: what is red?", "images": [scene]}, config)
+    assert first["answer"].startswith("1 image(s)")
+    assert second["answer"].startswith("0 image(s); 42")
+    [call] = second["agent_steps"][0]["tool_calls"]
+    assert "print(6 * 7)" in call["code"] and call["images"] == []
+    stored = json.dumps(graph.get_state(config).values, default=str)
+    assert "base64" not in stored and "iVBOR" not in stored  # crops are blob:// references
+    assert "blob://" in stored
