@@ -60,6 +60,7 @@ __all__ = [
     "AgentLoopState",
     "agent_system_prompt",
     "first_user_message",
+    "tool_trace",
     "DEFAULT_MAX_STEPS",
     "LoopOptions",
     "create_agent_loop",
@@ -402,6 +403,15 @@ def _no_tools(state: AgentLoopState) -> dict[str, Any]:
     }
 
 
+TRACE_KEYS = ("box", "notes", "latency_s")  # a vision tool's: box after clamping
+CODE_TRACE_KEYS = ("code", "stdout", "stderr", "images", "overhead_s", "timed_out")
+
+
+def tool_trace(artifact: dict) -> dict[str, Any]:
+    """The fields of a tool's artifact that a step records (vision tools and the code tool)."""
+    return {k: artifact[k] for k in TRACE_KEYS + CODE_TRACE_KEYS if k in artifact}
+
+
 def _attach_tool_results(steps: list[dict], messages: Sequence[AnyMessage]) -> None:
     """Copy each tool result's trace (box after clamping, latency, error) into its step."""
     results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
@@ -411,12 +421,7 @@ def _attach_tool_results(steps: list[dict], messages: Sequence[AnyMessage]) -> N
             if tm is None:
                 continue
             artifact = tm.artifact if isinstance(tm.artifact, dict) else {}
-            call["box"] = artifact.get("box")
-            call["notes"] = artifact.get("notes")
-            call["latency_s"] = artifact.get("latency_s")
-            for key in ("code", "stdout", "stderr", "images", "overhead_s", "timed_out"):
-                if key in artifact:  # the code tool's trace
-                    call[key] = artifact[key]
+            call.update({"box": None, "notes": None, "latency_s": None, **tool_trace(artifact)})
             call["error"] = (
                 message_text(tm)
                 if tm.status == "error" or message_text(tm).startswith("Error")

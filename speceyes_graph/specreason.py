@@ -31,6 +31,7 @@ from langchain_core.tools import BaseTool
 
 from speceyes_tools.images import ImageStore
 
+from .agent import tool_trace
 from .messages import Protocol, bare_model, dehydrate
 from .prompts import THYME_STOP, Prompts
 from .protocol import extract_answer, message_text, parse_deepeyes, parse_thyme
@@ -148,7 +149,7 @@ def _run_tools(
     else:
         calls = parse_deepeyes(text, set(tools)).tool_calls
     blocks: list[dict] = []
-    for call in calls[:1] if protocol == "thyme" else calls:
+    for call in calls:  # parse_thyme returns the first code block only
         t0 = time.perf_counter()
         try:
             message = tools[call["name"]].invoke(
@@ -168,9 +169,6 @@ def _run_tools(
         )
         blocks += [{"type": "text", "text": opener}, *parts, {"type": "text", "text": closer}]
         trace = {"name": call["name"], "arguments": call["args"], "error": error}
-        trace["latency_s"] = artifact.get("latency_s", time.perf_counter() - t0)
-        for key in ("code", "stdout", "stderr", "images", "box", "overhead_s"):
-            if key in artifact:
-                trace[key] = artifact[key]
-        step["tool_calls"].append(trace)
+        trace["latency_s"] = time.perf_counter() - t0
+        step["tool_calls"].append({**trace, **tool_trace(artifact)})
     return blocks
