@@ -152,9 +152,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .demo import DEMO_GRAPH_SETTINGS
 
         settings.update(DEMO_GRAPH_SETTINGS)  # the prompts the demo checkpoints learned
-    for role, key in (("large", "resize"), ("small", "speculator_resize")):
-        if role in specs and specs[role].resize is not None:
-            settings[key] = specs[role].resize  # served: the family's image limits
     settings["gate"] = gate
     if args.tools == "thyme" and "prompts" not in settings:
         from .prompts import Prompts
@@ -307,6 +304,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         checkpoints = {k: Path(args.checkpoints) / k for k in ("small", "large")}
     if args.n < 1:
         raise SystemExit("speceyes demo: --n must be at least 1")
+    if bool(args.small_url) != bool(args.large_url):
+        raise SystemExit("speceyes demo: give both --small-url and --large-url, or neither")
+    if args.small_url and args.engine != "vllm":
+        raise SystemExit("speceyes demo: --small-url and --large-url go with --engine vllm")
     summary = run_demo(
         args.out,
         args.n,
@@ -314,6 +315,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         checkpoints=checkpoints,
         progress=not args.no_progress,
         specreason=args.specreason,
+        engine=args.engine,
+        small_url=args.small_url,
+        large_url=args.large_url,
     )
     return 1 if summary["errors"] else 0
 
@@ -353,6 +357,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run the SpecReason baseline (about doubles the run time)",
     )
+    p.add_argument(
+        "--engine",
+        choices=["transformers", "vllm"],
+        default="transformers",
+        help="where the models run: transformers in this process (default), or vLLM servers "
+        "(started for the demo checkpoints; `bash scripts/setup-vllm.sh` first)",
+    )
+    p.add_argument(
+        "--small-url",
+        help="with --engine vllm: a running server of the small checkpoint (http://host:port/v1"
+        "[#name]) instead of starting one",
+    )
+    p.add_argument("--large-url", help="the same for the large checkpoint")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(
@@ -511,11 +528,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if hasattr(args, "check"):
         args.check(parser, args)
+    from .models.served import ServedModelError
+    from .models.vllm_server import VLLMNotInstalled
+
     try:
         return args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except (ServedModelError, VLLMNotInstalled) as exc:  # a server set up wrong: say how
+        print(f"speceyes: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -16,6 +16,12 @@ Note a property of the published score, kept as published: it compares the top-1
 with the *bulk* of the top-K, not with the runner-up, so a two-way tie far above all other
 candidates still scores high (tested in ``test_ties``).
 
+Only the answer's own tokens are scored, as in the published evaluation (which stops before
+end-of-sequence): a serving engine's ``logprobs.content`` ends with the end-of-turn token
+when generation stopped on it (vLLM returns ``<|im_end|>`` there), and that entry is dropped
+(:data:`END_OF_TURN_TOKENS`), so a draft scores the same tokens over HTTP as on the
+transformers path, which cuts its reply at the first end-of-sequence token.
+
 Inputs are validated rather than trusted: non-finite values raise
 :class:`SeparabilityError` (a NaN must never turn into an accepted draft), and asking for
 more competitors than exist raises unless ``clamp=True`` is passed explicitly.
@@ -35,6 +41,7 @@ __all__ = [
     "DEFAULT_ALPHA",
     "DEFAULT_K",
     "DEFAULT_TAU",
+    "END_OF_TURN_TOKENS",
     "EPS",
     "Aggregation",
     "GateConfig",
@@ -58,6 +65,13 @@ DEFAULT_BOTTOM_Q = 0.2
 EPS = 1e-6
 
 Aggregation = Literal["min", "mean", "bottom-q"]
+
+# End-of-turn / end-of-sequence tokens of the usual chat templates (Qwen, Llama 3, Gemma,
+# Phi, SentencePiece models), as a server names them in ``logprobs.content``.
+END_OF_TURN_TOKENS = frozenset(
+    {"<|im_end|>", "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|eom_id|>",
+     "<|end|>", "<end_of_turn>", "</s>"}
+)  # fmt: skip
 
 
 class SeparabilityError(ValueError):
@@ -308,7 +322,8 @@ def softmax_confidence_from_logprobs(top_logprobs: Any) -> float:
 
 
 def _content(top_logprobs: Any) -> Sequence:
-    """The per-token entries of OpenAI-format ``logprobs`` (or the list itself)."""
+    """The answer's per-token entries of OpenAI-format ``logprobs`` (or the list itself),
+    without a trailing end-of-turn token."""
     content = top_logprobs.get("content") if isinstance(top_logprobs, Mapping) else top_logprobs
     if content is None:
         return []
@@ -316,7 +331,15 @@ def _content(top_logprobs: Any) -> Sequence:
         raise SeparabilityError(
             f"malformed logprobs: expected a list of tokens, got {content!r:.80}"
         )
-    return content
+    end = len(content)
+    while end and _token_of(content[end - 1]) in END_OF_TURN_TOKENS:
+        end -= 1
+    return content if end == len(content) else content[:end]
+
+
+def _token_of(entry: Any) -> str | None:
+    token = entry.get("token") if isinstance(entry, Mapping) else getattr(entry, "token", None)
+    return token if isinstance(token, str) else None
 
 
 # --- the gate as a configured decision ------------------------------------------------------
@@ -399,10 +422,7 @@ class GateConfig:
             if self.score == "separability"
             else confidence
         )
-        tokens = [
-            e.get("token", "") if isinstance(e, Mapping) else getattr(e, "token", "")
-            for e in content
-        ]
+        tokens = [_token_of(e) or "" for e in content]
         return {
             "tokens": tokens,
             "token_scores": [float(s) for s in token_scores],

@@ -69,3 +69,25 @@ def image_server(scene):
 
     with open(scene, "rb") as f, ImageServer(f.read()) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def vllm_servers():
+    """Real vLLM servers (``bash scripts/setup-vllm.sh``) for the shipped demo checkpoints,
+    started once for the session on free loopback ports under names of their own (``small``,
+    ``large``, as deployments name them) and stopped at its end. Tests that use them are
+    marked ``vllm`` (deselect with -m "not vllm"). The tiny random checkpoints of
+    ``tiny_models`` cannot be served: their head size (16) is below what vLLM's CPU attention
+    supports; the demo checkpoints are tiny too (1.4M and 2.8M parameters)."""
+    from speceyes_graph.demo import demo_checkpoints
+    from speceyes_graph.models.vllm_server import VLLMNotInstalled, VLLMServer, start_servers
+
+    paths = demo_checkpoints()
+    try:
+        servers = start_servers([VLLMServer(paths[r], name=r) for r in ("small", "large")])
+    except VLLMNotInstalled as exc:
+        pytest.fail(f"{exc} (or deselect these tests: -m 'not vllm')")
+    yield {s.name: s for s in servers}
+    for s in servers:
+        s.stop()
+    assert all(s.process is None for s in servers)

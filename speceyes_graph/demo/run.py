@@ -28,6 +28,7 @@ from ..benchmarks.runner import read_records, run_benchmark
 from ..drawing import draw
 from ..graph import create_speceyes_graph
 from ..separability import DEFAULT_ALPHA, GateConfig
+from .engines import EngineName, demo_engine, local_models
 from .world import DEMO_PROMPTS, make_scene
 
 __all__ = [
@@ -114,18 +115,8 @@ def demo_queries(
 
 
 def demo_models(batch_size: int = 16, paths: dict[str, Path] | None = None) -> dict[str, Any]:
-    """The shipped checkpoints as chat models, with the demo's generation settings."""
-    from ..models import ChatTransformersVLM
-
-    paths = paths or demo_checkpoints()
-    return {
-        "small": ChatTransformersVLM(
-            model=str(paths["small"]), top_logprobs=64, max_new_tokens=8, max_batch_size=batch_size
-        ),
-        "large": ChatTransformersVLM(
-            model=str(paths["large"]), max_new_tokens=256, max_batch_size=batch_size
-        ),
-    }
+    """The shipped checkpoints as local chat models, with the demo's generation settings."""
+    return local_models(batch_size, paths or demo_checkpoints())
 
 
 DEMO_GRAPH_SETTINGS: dict[str, Any] = {
@@ -165,14 +156,41 @@ def run_demo(
     progress: bool = True,
     print_fn=print,
     specreason: bool = False,
+    engine: EngineName = "transformers",
+    small_url: str | None = None,
+    large_url: str | None = None,
 ) -> dict[str, Any]:
     """Run the side-by-side comparison and write everything under ``out_dir``;
-    ``specreason`` adds the SpecReason baseline (about as long again as the rest)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    ``specreason`` adds the SpecReason baseline (about as long again as the rest).
+
+    ``engine="vllm"`` runs the models behind vLLM servers instead of in this process: two
+    started here for the shipped checkpoints (``bash scripts/setup-vllm.sh`` first), or the
+    ones at ``small_url`` / ``large_url``."""
     t0 = time.perf_counter()
-    print_fn(f"speceyes demo: loading the embedded checkpoints, writing {n} held-out scenes")
-    models = demo_models(batch_size, checkpoints or demo_checkpoints())
+    paths = checkpoints or demo_checkpoints()
+    with demo_engine(
+        engine, paths, batch_size=batch_size, small_url=small_url, large_url=large_url,
+        print_fn=print_fn,
+    ) as running:  # fmt: skip
+        summary = _run_modes(
+            Path(out_dir), n, running.models, batch_size, progress, print_fn, specreason
+        )
+    summary["engine"] = {"name": running.name, "description": running.description,
+                         "setup_s": running.setup_s}  # fmt: skip
+    return _write_summary(Path(out_dir), summary, t0, print_fn)
+
+
+def _run_modes(
+    out: Path,
+    n: int,
+    models: dict[str, Any],
+    batch_size: int,
+    progress: bool,
+    print_fn,
+    specreason: bool,
+) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    print_fn(f"speceyes demo: the embedded checkpoints, {n} held-out scenes")
     queries = demo_queries(out / "scenes", n, progress=progress)
     graphs = {
         "agent": demo_graph(large=models["large"], mode="agent"),
@@ -233,6 +251,10 @@ def run_demo(
             "accepted": sum(bool(st.get("accepted")) for st in steps),
         }
     summary["examples"] = write_examples(out / "examples", queries, records)
+    return summary
+
+
+def _write_summary(out: Path, summary: dict[str, Any], t0: float, print_fn) -> dict[str, Any]:
     summary["total_s"] = time.perf_counter() - t0
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     text = summary_text(summary)
@@ -328,6 +350,7 @@ def summary_text(summary: dict[str, Any]) -> str:
     lines = [
         f"{n} held-out demo queries ({summary['n_needs_zoom']} need zooming: tiny objects), "
         "embedded demo checkpoints, this machine",
+        f"engine: {(summary.get('engine') or {}).get('description', 'transformers')}",
         "",
         f"{'':<18}{'accuracy':>9}{'needs zoom':>12}{'no zoom':>9}{'wall s':>9}{'mean latency s':>16}",
     ]
@@ -394,6 +417,7 @@ tiny ones ({summary["n_needs_zoom"]} queries) only after zooming. The large mode
 2.75M parameters) judges and, as the agent, thinks, zooms on the region and answers; the small
 one (Qwen3-VL, 1.4M parameters) drafts answers. Both were trained on a CPU with
 `speceyes train-demo`. Timings are this machine's, with cross-query batching.
+The models ran on: {(summary.get("engine") or {}).get("description", "transformers")}.
 
 ```
 {text}

@@ -45,6 +45,7 @@ from speceyes_tools.images import ResizeSpec
 from ..protocol import parse_deepeyes
 from .batching import BatchScheduler, RowKeys
 from .conversion import convert_messages, special_token_escaper
+from .families import processor_resize
 from .image_cache import CachedImageProcessor, CachedVisionEncoder, image_keys, vision_keys
 
 __all__ = ["ChatTransformersVLM"]
@@ -241,16 +242,7 @@ class ChatTransformersVLM(BaseChatModel):
     @property
     def resize_spec(self) -> ResizeSpec:
         """How this checkpoint's processor resizes images: the frame of its boxes."""
-        ip = self._processor.image_processor
-        size = getattr(ip, "size", None) or {}
-        factor = int(ip.patch_size * getattr(ip, "merge_size", 2))
-        min_pixels = int(
-            size.get("shortest_edge") or getattr(ip, "min_pixels", None) or factor * factor
-        )
-        max_pixels = int(
-            size.get("longest_edge") or getattr(ip, "max_pixels", None) or 1280 * factor * factor
-        )
-        return ResizeSpec(factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+        return processor_resize(self._processor.image_processor)
 
     @property
     def context_length(self) -> int | None:

@@ -1,19 +1,23 @@
-"""Image size limits of checkpoint families, for models that cannot be asked.
+"""Image size limits: from a processor's settings, or by checkpoint family.
 
-A local ``ChatTransformersVLM`` reads its limits from its processor. A served model cannot be
-asked, so the graph must know what the server's processor will do: the image is sent already
-resized within the family's limits (so the boxes the model writes are in a frame we can map
-back exactly), and sending it smaller than the model would see it costs accuracy on exactly
-the high-resolution benchmarks. The values are those of the families' processor configs.
+A local ``ChatTransformersVLM`` reads its limits from its processor (:func:`processor_resize`).
+For a served model the graph must know what the server's processor will do: the image is
+sent already resized within those limits (so the boxes the model writes are in a frame we can
+map back exactly), and sending it smaller than the model would see it costs accuracy on
+exactly the high-resolution benchmarks. :mod:`.served` asks the server which checkpoint it
+loaded; when that checkpoint's config cannot be read here, the family's limits below (those
+of the families' processor configs) stand in.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from speceyes_tools.images import ResizeSpec
 
-__all__ = ["FAMILIES", "family_of", "family_resize"]
+__all__ = ["FAMILIES", "family_of", "family_resize", "processor_resize"]
 
 log = logging.getLogger(__name__)
 
@@ -57,3 +61,21 @@ def family_resize(model_name: str) -> ResizeSpec:
         )
         return ResizeSpec()
     return FAMILIES[family]
+
+
+def processor_resize(image_processor: Any) -> ResizeSpec:
+    """The frame a Qwen-VL image processor resizes to, from the processor or its config dict
+    (``size`` with ``shortest_edge``/``longest_edge`` in pixels, or ``min_pixels``/``max_pixels``;
+    ``patch_size`` times ``merge_size`` is the side multiple)."""
+    if isinstance(image_processor, Mapping):
+        get = image_processor.get
+    else:
+
+        def get(key: str, default: Any = None) -> Any:
+            return getattr(image_processor, key, default)
+
+    size = get("size") or {}
+    factor = int(get("patch_size") * (get("merge_size") or 2))
+    min_pixels = int(size.get("shortest_edge") or get("min_pixels") or factor * factor)
+    max_pixels = int(size.get("longest_edge") or get("max_pixels") or 1280 * factor * factor)
+    return ResizeSpec(factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)

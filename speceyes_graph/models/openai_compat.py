@@ -2,9 +2,10 @@
 
 The graph is the same; the models become ``ChatOpenAI`` clients. The speculator asks for
 ``logprobs=True, top_logprobs=K`` (start vLLM with ``--max-logprobs K`` or more: its
-default cap is 20, and a server returning fewer than K is detected by the gate, which
-rejects the draft with an error naming the flag instead of scoring with fewer
-competitors). Images go out as base64 data URLs already resized to what the model uses,
+default cap is 20: a server returning fewer than K is reported when the client is built,
+and still caught per draft by the gate, which rejects the draft with an error naming the flag
+instead of scoring with fewer competitors). Each client asks its server which checkpoint it
+serves (:mod:`.served`), for the image frame and the context length. Images go out as base64 data URLs already resized to what the model uses,
 and zoomed crops come back as user turns (servers reject images in tool messages).
 
 Concurrency is bounded by ``graph.batch(..., {"max_concurrency": N})``: each query is one
@@ -20,7 +21,7 @@ from typing import Any
 
 from speceyes_tools.images import ResizeSpec
 
-from .families import family_resize
+from .served import check_top_logprobs, describe_served_model, served_resize
 
 __all__ = ["openai_chat_model", "openai_models"]
 
@@ -34,18 +35,31 @@ def openai_chat_model(
     timeout: float = 120.0,
     max_retries: int = 3,
     api_key: str = "EMPTY",
+    resize: ResizeSpec | None = None,
+    context_length: int | None = None,
+    probe: bool = True,
     **kwargs: Any,
 ):
-    """A greedy ``ChatOpenAI`` client for one served model (``top_logprobs`` for speculators)."""
+    """A greedy ``ChatOpenAI`` client for one served model (``top_logprobs`` for speculators).
+
+    With ``probe`` (the default) the server is asked what it serves (:mod:`.served`): the
+    image frame and context length come from the checkpoint it loaded, and a speculator's
+    server that returns fewer than ``top_logprobs`` log-probs raises
+    :class:`~speceyes_graph.models.served.ServedModelError` here, naming the flag to set.
+    ``resize`` and ``context_length`` override what the server says.
+    """
+    info = describe_served_model(base_url, model, api_key=api_key) if probe else None
+    if probe and info is not None and top_logprobs:
+        check_top_logprobs(base_url, model, top_logprobs, api_key=api_key)
+    if top_logprobs:
+        kwargs.update(logprobs=True, top_logprobs=top_logprobs)
     try:
-        from langchain_openai import ChatOpenAI
+        from .served_chat import ServedChatModel
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
         raise ImportError(
             "serving needs langchain-openai: pip install 'speceyes-graph[openai]'"
         ) from exc
-    if top_logprobs:
-        kwargs.update(logprobs=True, top_logprobs=top_logprobs)
-    return ChatOpenAI(
+    return ServedChatModel(
         base_url=base_url,
         model=model,
         api_key=api_key,
@@ -53,6 +67,9 @@ def openai_chat_model(
         max_tokens=max_tokens,
         timeout=timeout,
         max_retries=max_retries,
+        resize_spec=resize or served_resize(model, info),
+        context_length=context_length or (info.max_model_len if info else None),
+        served_root=info.root if info else None,
         **kwargs,
     )
 
@@ -67,32 +84,35 @@ def openai_models(
     timeout: float = 120.0,
     max_retries: int = 3,
     agent_max_tokens: int | None = 512,
+    speculator_max_tokens: int | None = None,
     resize: ResizeSpec | None = None,
     speculator_resize: ResizeSpec | None = None,
+    probe: bool = True,
 ) -> dict[str, Any]:
     """``{"speculator", "agent", "resize", "speculator_resize"}`` for
     ``create_speceyes_graph(**openai_models(...))``.
 
     The agent also judges (phase I), as in the paper; the graph asks the judge for 10
-    tokens and the speculator for 20 per call. Images are sent within each model family's
-    own limits (:mod:`.families`: Qwen2.5-VL / DeepEyes up to 12,845,056 pixels), not
-    shrunk to a megapixel; pass ``resize`` / ``speculator_resize`` to override.
+    tokens and the speculator for 20 per call. Images are sent in the frame of each server's
+    own checkpoint, asked of the server (``probe``), else within the model family's limits
+    (:mod:`.families`: Qwen2.5-VL / DeepEyes up to 12,845,056 pixels), not shrunk to a
+    megapixel; ``resize`` / ``speculator_resize`` override both.
     """
+    common = {"timeout": timeout, "max_retries": max_retries, "probe": probe}
+    speculator = openai_chat_model(
+        small_url,
+        small_model,
+        top_logprobs=top_logprobs,
+        max_tokens=speculator_max_tokens,
+        resize=speculator_resize,
+        **common,
+    )
+    agent = openai_chat_model(
+        large_url, large_model, max_tokens=agent_max_tokens, resize=resize, **common
+    )
     return {
-        "resize": resize or family_resize(large_model),
-        "speculator_resize": speculator_resize or family_resize(small_model),
-        "speculator": openai_chat_model(
-            small_url,
-            small_model,
-            top_logprobs=top_logprobs,
-            timeout=timeout,
-            max_retries=max_retries,
-        ),
-        "agent": openai_chat_model(
-            large_url,
-            large_model,
-            max_tokens=agent_max_tokens,
-            timeout=timeout,
-            max_retries=max_retries,
-        ),
+        "resize": agent.resize_spec,
+        "speculator_resize": speculator.resize_spec,
+        "speculator": speculator,
+        "agent": agent,
     }

@@ -4,8 +4,8 @@
   together on their own prompts, which the graph then uses);
 - ``tiny:DIR``: a ``speceyes make-tiny-models`` folder (``DIR/small`` or ``DIR/large``);
 - ``openai:BASE_URL#MODEL_NAME``: an OpenAI-compatible server (vLLM, SGLang); the image size
-  limits follow the model's family (see :mod:`.families`), or ``?min_pixels=..&max_pixels=..``
-  after the name;
+  limits and context length are asked of the server (see :mod:`.served`: the checkpoint it
+  loaded, else the model's family), or set by ``?min_pixels=..&max_pixels=..`` after the name;
 - a local checkpoint folder, or a hub id (checked before loading: an id that is neither cached
   nor reachable fails at once instead of after minutes of retries).
 """
@@ -37,7 +37,7 @@ class ModelSpec:
     kind: str  # demo | tiny | openai | path | hub
     target: str  # folder, hub id, or base URL
     name: str | None = None  # served model name (openai)
-    resize: ResizeSpec | None = None  # image limits for served models
+    resize: ResizeSpec | None = None  # explicit image limits for a served model
 
 
 def parse_model_spec(spec: str, role: str, *, check_hub: bool = True) -> ModelSpec:
@@ -60,8 +60,9 @@ def parse_model_spec(spec: str, role: str, *, check_hub: bool = True) -> ModelSp
             raise SpecError(
                 f"write openai:BASE_URL#MODEL_NAME (e.g. openai:http://host:8001/v1#Qwen/Qwen3-VL-2B-Instruct), got {spec!r}"
             )
-        resize = family_resize(name)
+        resize = None  # asked of the server when the client is built (see .served)
         if query:
+            family = family_resize(name)
             limits = dict(urllib.parse.parse_qsl(query))
             unknown = set(limits) - {"min_pixels", "max_pixels"}
             if unknown:
@@ -70,9 +71,9 @@ def parse_model_spec(spec: str, role: str, *, check_hub: bool = True) -> ModelSp
                 )
             try:
                 resize = ResizeSpec(
-                    factor=resize.factor,
-                    min_pixels=int(limits.get("min_pixels", resize.min_pixels)),
-                    max_pixels=int(limits.get("max_pixels", resize.max_pixels)),
+                    factor=family.factor,
+                    min_pixels=int(limits.get("min_pixels", family.min_pixels)),
+                    max_pixels=int(limits.get("max_pixels", family.max_pixels)),
                 )
             except ValueError:
                 raise SpecError(f"min_pixels and max_pixels must be integers in {spec!r}") from None
@@ -118,7 +119,11 @@ def load_chat_model(
         from .openai_compat import openai_chat_model
 
         return openai_chat_model(
-            spec.target, spec.name, top_logprobs=top_logprobs, max_tokens=max_new_tokens
+            spec.target,
+            spec.name,
+            top_logprobs=top_logprobs,
+            max_tokens=max_new_tokens,
+            resize=spec.resize,
         )
     from .chat_transformers import ChatTransformersVLM
 

@@ -1,0 +1,182 @@
+"""What a served model is, asked of the server before the first query.
+
+A local checkpoint tells the graph how its processor resizes images and how long its context
+is. A served one is only a name, and deployments name models as they like
+(``--served-model-name small``), so guessing from the name sends a Qwen-VL model its images
+at a megapixel instead of its family's 12.8. vLLM's ``/v1/models`` says which checkpoint it
+loaded (``root``: a hub id or a folder) and its context length (``max_model_len``):
+
+- the image frame comes from the checkpoint's own processor config when ``root`` is a folder
+  this machine can read (the server is local, or shares the model store), else from the
+  family of ``root``, else from the family of the served name; an explicit ``resize`` wins;
+- the gate needs K top log-probs per token, and vLLM caps them at 20 unless started with
+  ``--max-logprobs``: one one-token request finds out, so a server below K is reported before
+  the run starts, with the flag to set, instead of every draft being rejected.
+
+A server that cannot be reached yet (it may start after the graph) is not an error here: the
+graph falls back to the name, and a missing log-prob is still caught per draft by the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from speceyes_tools.images import ResizeSpec
+
+from .families import FAMILIES, family_of, processor_resize
+
+__all__ = [
+    "ServedModelError",
+    "ServedModelInfo",
+    "check_top_logprobs",
+    "describe_served_model",
+    "served_resize",
+]
+
+log = logging.getLogger(__name__)
+_PROBE_TEXT = "Hi"
+
+
+class ServedModelError(ValueError):
+    """The server is reachable but cannot serve this model as the graph needs it."""
+
+
+@dataclass(frozen=True)
+class ServedModelInfo:
+    """One entry of the server's ``/v1/models``."""
+
+    name: str
+    root: str | None  # the checkpoint the server loaded: a hub id or a folder
+    max_model_len: int | None
+
+
+def _request(url: str, api_key: str, timeout: float, body: dict | None = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+    with urllib.request.urlopen(
+        urllib.request.Request(url, data=data, headers=headers), timeout=timeout
+    ) as response:
+        return json.load(response)
+
+
+def _error_message(exc: urllib.error.HTTPError) -> str:
+    try:
+        payload = json.loads(exc.read() or b"{}")
+    except ValueError:
+        return f"HTTP {exc.code}"
+    error = payload.get("error", payload) if isinstance(payload, Mapping) else payload
+    message = error.get("message") if isinstance(error, Mapping) else None
+    return str(message or payload)[:300]
+
+
+def describe_served_model(
+    base_url: str, name: str, *, api_key: str = "EMPTY", timeout: float = 10.0
+) -> ServedModelInfo | None:
+    """The server's description of ``name``, or None when the server cannot say (unreachable,
+    or no ``/v1/models``); a server that serves other models only raises."""
+    try:
+        listing = _request(f"{base_url.rstrip('/')}/models", api_key, timeout)
+    except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
+        log.warning("could not ask %s about %r (%s); going by the name", base_url, name, exc)
+        return None
+    entries = listing.get("data") if isinstance(listing, Mapping) else None
+    if not isinstance(entries, list):
+        return None
+    ids = [e.get("id") for e in entries if isinstance(e, Mapping)]
+    for entry in entries:
+        if isinstance(entry, Mapping) and entry.get("id") == name:
+            root = entry.get("root")
+            length = entry.get("max_model_len")
+            return ServedModelInfo(
+                name=name,
+                root=root if isinstance(root, str) and root else None,
+                max_model_len=length if isinstance(length, int) and length > 0 else None,
+            )
+    raise ServedModelError(f"{base_url} serves {ids}, not {name!r}: check the model name")
+
+
+def _checkpoint_resize(folder: Path) -> ResizeSpec | None:
+    """The image frame a checkpoint folder's processor config sets, if it has one."""
+    for file, key in (("processor_config.json", "image_processor"), ("preprocessor_config.json", None)):  # fmt: skip
+        path = folder / file
+        if path.is_file():
+            try:
+                config = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            config = config.get(key, config) if key else config
+            if isinstance(config, Mapping) and "patch_size" in config:
+                return processor_resize(config)
+    return None
+
+
+def served_resize(name: str, info: ServedModelInfo | None) -> ResizeSpec:
+    """How the server's processor resizes images: from its checkpoint, else by family."""
+    root = info.root if info else None
+    if root:
+        folder = Path(root).expanduser()
+        if folder.is_dir():
+            resize = _checkpoint_resize(folder)
+            if resize is not None:
+                return resize
+        family = family_of(root)
+        if family:
+            return FAMILIES[family]
+    family = family_of(name)
+    if family:
+        return FAMILIES[family]
+    log.warning(
+        "unknown model family for %r%s: images go out at most %d pixels; pass resize= "
+        "(or ?max_pixels= in an openai: spec) with what its processor uses",
+        name,
+        f" (checkpoint {root})" if root else "",
+        ResizeSpec().max_pixels,
+    )
+    return ResizeSpec()
+
+
+def check_top_logprobs(
+    base_url: str, name: str, k: int, *, api_key: str = "EMPTY", timeout: float = 30.0
+) -> None:
+    """Raise :class:`ServedModelError` when the server returns fewer than ``k`` top log-probs
+    per token (refused, or silently fewer); an unreachable server is only logged."""
+    body = {
+        "model": name,
+        "messages": [{"role": "user", "content": _PROBE_TEXT}],
+        "max_tokens": 1,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": k,
+    }
+    fix = (
+        f"start it with --max-logprobs {k} or more (vLLM; its default is 20), or lower the gate's k"
+    )
+    try:
+        reply = _request(f"{base_url.rstrip('/')}/chat/completions", api_key, timeout, body)
+    except urllib.error.HTTPError as exc:
+        if exc.code in (400, 422):
+            raise ServedModelError(
+                f"{base_url} ({name}) refuses top_logprobs={k}: {_error_message(exc)}; {fix}"
+            ) from None
+        log.warning("could not check top_logprobs on %s (%s)", base_url, exc)
+        return
+    except (OSError, ValueError) as exc:
+        log.warning("could not check top_logprobs on %s (%s)", base_url, exc)
+        return
+    try:
+        content = reply["choices"][0]["logprobs"]["content"]
+        got = min(len(entry["top_logprobs"]) for entry in content) if content else k
+    except (KeyError, IndexError, TypeError):
+        raise ServedModelError(
+            f"{base_url} ({name}) returned no top log-probs when asked for {k}; the gate needs "
+            "them (is this an OpenAI-compatible chat endpoint with logprobs?)"
+        ) from None
+    if got < k:
+        raise ServedModelError(f"{base_url} ({name}) returned {got} top log-probs of {k}; {fix}")

@@ -1,0 +1,251 @@
+"""The served path against the engine users deploy: real vLLM servers (``-m vllm``).
+
+The replay-server tests (``test_serving.py``) check what the graph sends; these check what a
+real engine sends back. On the same checkpoints, the graph over vLLM must do what it does on
+the transformers path: same routes and answers, the same scored tokens per draft, per-token
+separability within 1e-3, and the same prompt length for every model call (so the image the
+server received is the size our frame assumes, and the chat template rendered the same turn).
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import numpy as np
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+pytest.importorskip("langchain_openai", reason="the openai extra")
+
+from speceyes_graph import create_speceyes_chat_graph, create_speceyes_graph  # noqa: E402
+from speceyes_graph.demo import (  # noqa: E402
+    DEMO_GRAPH_SETTINGS,
+    demo_models,
+    demo_queries,
+)
+from speceyes_graph.demo.engines import served_models  # noqa: E402
+from speceyes_graph.messages import for_model, user_message  # noqa: E402
+from speceyes_graph.models import openai_chat_model  # noqa: E402
+from speceyes_graph.models.served import ServedModelError  # noqa: E402
+from speceyes_graph.prompts import THYME_SYSTEM_PROMPT  # noqa: E402
+from speceyes_graph.separability import GateConfig  # noqa: E402
+from speceyes_tools import ImageStore  # noqa: E402
+from speceyes_tools.images import store_scope  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+N = 60  # demo queries per configuration, a third of them needing the zoom tool
+
+
+class PromptTokens(BaseCallbackHandler):
+    """The prompt length of every model call of one query, as the engine reports it."""
+
+    def __init__(self):
+        self.counts: list[int] = []
+
+    def on_llm_end(self, response, **kwargs):
+        for generations in response.generations:
+            for g in generations:
+                usage = getattr(getattr(g, "message", None), "usage_metadata", None) or {}
+                self.counts.append(int(usage.get("input_tokens", -1)))
+
+
+@pytest.fixture(scope="module")
+def queries(tmp_path_factory):
+    qs = demo_queries(tmp_path_factory.mktemp("scenes"), N)
+    return [{"question": q.question, "images": [q.image], "options": q.options} for q in qs]
+
+
+@pytest.fixture(scope="module")
+def local():
+    return demo_models()
+
+
+@pytest.fixture(scope="module")
+def served(vllm_servers):
+    small, large = vllm_servers["small"], vllm_servers["large"]
+    return served_models(
+        {"small": small.url, "large": large.url}, {"small": "small", "large": "large"}
+    )
+
+
+def run(models, mode, queries, **settings):
+    graph = create_speceyes_graph(
+        speculator=models["small"], agent=models["large"], mode=mode,
+        **DEMO_GRAPH_SETTINGS, **settings,
+    )  # fmt: skip
+    handlers = [PromptTokens() for _ in queries]
+    outs = graph.compile().batch(
+        queries, [{"callbacks": [h], "max_concurrency": 64} for h in handlers]
+    )
+    return outs, [sorted(h.counts) for h in handlers]
+
+
+def assert_same(local_run, served_run):
+    (lo, l_tokens), (so, s_tokens) = local_run, served_run
+    assert len(lo) == len(so) == N
+    for i, (a, b) in enumerate(zip(lo, so, strict=True)):
+        assert a.get("error") is None and b.get("error") is None, (
+            i,
+            a.get("error"),
+            b.get("error"),
+        )
+        assert (a["route"], a["answer"]) == (b["route"], b["answer"]), i
+        da, db = a.get("draft") or {}, b.get("draft") or {}
+        assert da.get("tokens") == db.get("tokens"), (i, da.get("tokens"), db.get("tokens"))
+        if da.get("token_scores"):
+            np.testing.assert_allclose(da["token_scores"], db["token_scores"], atol=1e-3)
+            assert da["accepted"] == db["accepted"]
+        assert [s.get("text") for s in a.get("agent_steps") or []] == [
+            s.get("text") for s in b.get("agent_steps") or []
+        ], i
+        assert l_tokens[i] == s_tokens[i], (i, l_tokens[i], s_tokens[i])
+        assert l_tokens[i] and min(l_tokens[i]) > 0  # every call reported its prompt
+
+
+@pytest.mark.parametrize(
+    "mode, settings",
+    [
+        ("speceyes", {}),
+        ("agent", {}),
+        ("small", {}),
+        ("specreason", {}),
+        ("speceyes", {"speculation": "parallel"}),
+    ],
+    ids=["speceyes", "agent", "small", "specreason", "speceyes-parallel"],
+)
+def test_the_graph_over_vllm_matches_the_transformers_path(local, served, queries, mode, settings):
+    local_run = run(local, mode, queries, **settings)
+    served_run = run(served, mode, queries, **settings)
+    assert_same(local_run, served_run)
+    outs = served_run[0]
+    routes = {o["route"] for o in outs}
+    if mode == "speceyes":  # the comparison covers every route
+        assert routes == {"speculative", "judged-agentic"} or "rejected-agentic" in routes, routes
+        assert any(o["agent_steps"] and o["agent_steps"][0].get("tool_calls") for o in outs)
+
+
+def test_the_end_of_turn_token_is_not_scored(served, local, queries):
+    """vLLM returns <|im_end|> as the last log-prob entry; the gate scores the answer only."""
+    msgs = [
+        SystemMessage("x"),
+        HumanMessage([{"type": "text", "text": queries[0]["question"]}]),
+    ]
+    raw = served["small"].invoke(msgs, max_tokens=8)
+    content = raw.response_metadata["logprobs"]["content"]
+    assert raw.response_metadata["finish_reason"] == "stop"
+    assert content[-1]["token"] == "<|im_end|>"  # what the engine sends ...
+    scored = GateConfig().evaluate(raw.response_metadata["logprobs"])
+    assert scored["tokens"] == [e["token"] for e in content[:-1]]  # ... and what is scored
+    assert "<|im_end|>" not in scored["tokens"]
+
+
+def test_the_server_says_what_it_serves(vllm_servers, local):
+    """Served under names of their own, the checkpoints still get their own image frame and
+    context length, asked of the server (not guessed from 'small' / 'large')."""
+    for role in ("small", "large"):
+        server = vllm_servers[role]
+        model = openai_chat_model(server.url, role, top_logprobs=64 if role == "small" else None)
+        assert model.resize_spec == local[role].resize_spec
+        assert model.context_length == 4096  # --max-model-len
+        assert Path(model.served_root) == Path(server.model)
+
+
+def test_a_server_below_k_log_probs_is_reported_before_the_run(vllm_servers):
+    server = vllm_servers["small"]  # started with --max-logprobs 64
+    with pytest.raises(ServedModelError, match="--max-logprobs 65"):
+        openai_chat_model(server.url, "small", top_logprobs=65)
+    with pytest.raises(ServedModelError, match="serves \\['small'\\], not 'Qwen"):
+        openai_chat_model(server.url, "Qwen/Qwen3-VL-2B-Instruct", top_logprobs=64)
+
+
+class Tokens(BaseCallbackHandler):
+    def __init__(self):
+        self.n = 0
+
+    def on_llm_new_token(self, token, **kwargs):
+        self.n += 1
+
+
+def chat_input(query):
+    data = base64.b64encode(Path(query["images"][0]).read_bytes()).decode()
+    text = query["question"] + "\nOptions: " + ", ".join(query["options"])
+    image = {"type": "image", "base64": data, "mime_type": "image/png"}
+    return {"messages": [HumanMessage([{"type": "text", "text": text}, image])]}
+
+
+def test_streaming_clients_through_the_chat_graph(vllm_servers, local, queries):
+    """ChatOpenAI(streaming=True) against the real server: every model call streams (SSE,
+    the draft's log-probs inside the chunks), the chat graph routes and answers as it does on
+    the local models, and its answer comes out of stream_mode="messages"."""
+    urls = {r: vllm_servers[r].url for r in ("small", "large")}
+    streaming = {
+        "small": openai_chat_model(urls["small"], "small", top_logprobs=64, max_tokens=8, streaming=True),
+        "large": openai_chat_model(urls["large"], "large", max_tokens=256, streaming=True),
+    }  # fmt: skip
+    graphs = {
+        name: create_speceyes_chat_graph(
+            speculator=models["small"], agent=models["large"], **DEMO_GRAPH_SETTINGS
+        ).compile()
+        for name, models in (("local", local), ("streaming", streaming))
+    }
+    routes = set()
+    for query in queries[:8]:
+        tokens = Tokens()
+        expected = graphs["local"].invoke(chat_input(query))
+        chunks, final = [], {}
+        for mode, part in graphs["streaming"].stream(
+            chat_input(query), {"callbacks": [tokens]}, stream_mode=["messages", "values"]
+        ):
+            if mode == "messages" and part[0].content:
+                chunks.append(part[0])
+            elif mode == "values":
+                final = part
+        assert tokens.n > 0  # the server streamed
+        assert final["route"] == expected["route"] and final.get("error") is None
+        answer = final["messages"][-1].content
+        assert answer == expected["messages"][-1].content
+        assert "".join(c.content for c in chunks) == answer
+        routes.add(final["route"])
+    assert "speculative" in routes  # a draft scored from streamed log-probs, and accepted
+
+
+def thyme_turn(store, image_path, resize):
+    """A Thyme conversation as the agent sends it after one code step: the question, then
+    the assistant turn holding the code and the sandbox's output image, to be continued."""
+    user = user_message([image_path], "What is the colour of the object?", resize, store)
+    ai = AIMessage(
+        [
+            {
+                "type": "text",
+                "text": "<think>crop</think>\n<code>\n```python\nprint(1)\n```\n</code>",
+            },
+            {"type": "text", "text": "<sandbox_output>"},
+            user.content[0],  # the image, as a blob:// reference in the model's frame
+            {"type": "text", "text": "</sandbox_output>"},
+        ]
+    )
+    return [SystemMessage(THYME_SYSTEM_PROMPT), user, ai]
+
+
+def test_thyme_continues_the_same_turn_on_vllm(vllm_servers, local, scene):
+    """continue_final_message on the real server renders the turn as the local chat template
+    does (same prompt tokens: no new assistant header) and continues it with the same tokens
+    (the demo's Qwen2.5-VL checkpoint, 2.8M parameters)."""
+    store = ImageStore()
+    model = local["large"]
+    served = openai_chat_model(vllm_servers["large"].url, "large", max_tokens=24)
+    assert served.resize_spec == model.resize_spec
+    wire = thyme_turn(store, scene, model.resize_spec)
+    with store_scope(store):
+        a = model.invoke(for_model(wire, model, store), max_tokens=24)
+        b = served.invoke(
+            for_model(wire, served, store),
+            extra_body={"continue_final_message": True, "add_generation_prompt": False},
+        )
+        fresh = served.invoke(for_model(wire, served, store))  # a new turn instead
+    assert a.usage_metadata["input_tokens"] == b.usage_metadata["input_tokens"]
+    assert fresh.usage_metadata["input_tokens"] > b.usage_metadata["input_tokens"]
+    assert a.content == b.content and a.content
