@@ -7,7 +7,10 @@
 Models come from the environment, so the same file serves a laptop and a cluster:
 
 - ``SPECEYES_SMALL_URL``, ``SPECEYES_SMALL_MODEL``, ``SPECEYES_LARGE_URL``,
-  ``SPECEYES_LARGE_MODEL``: OpenAI-compatible servers (vLLM / SGLang);
+  ``SPECEYES_LARGE_MODEL``: OpenAI-compatible servers (vLLM / SGLang), asked at start-up
+  which checkpoints they serve (image frame, context length; a speculator's server with too
+  few log-probs fails the start with the flag to set); the shipped demo checkpoints behind
+  servers get the prompts they were trained on;
 - else ``SPECEYES_SMALL_PATH`` and ``SPECEYES_LARGE_PATH``: local checkpoints
   (transformers);
 - else ``SPECEYES_MODELS=example``: the scripted example models;
@@ -62,17 +65,21 @@ def served_models() -> dict[str, Any]:
     if env("SPECEYES_SMALL_URL") and env("SPECEYES_LARGE_URL"):
         from speceyes_graph.models import openai_models
 
-        return {
-            **common,
-            **openai_models(
-                env("SPECEYES_SMALL_URL"),
-                env("SPECEYES_SMALL_MODEL", "small"),
-                env("SPECEYES_LARGE_URL"),
-                env("SPECEYES_LARGE_MODEL", "large"),
-                top_logprobs=gate.k,
-                agent_max_tokens=2048 if thyme else 512,
-            ),
-        }
+        models = openai_models(
+            env("SPECEYES_SMALL_URL"),
+            env("SPECEYES_SMALL_MODEL", "small"),
+            env("SPECEYES_LARGE_URL"),
+            env("SPECEYES_LARGE_MODEL", "large"),
+            top_logprobs=gate.k,
+            agent_max_tokens=2048 if thyme else 512,
+        )
+        if serves_the_demo(models):  # the shipped checkpoints behind servers: their prompts
+            from speceyes_graph.demo import DEMO_GRAPH_SETTINGS
+            from speceyes_graph.demo.engines import DEMO_TURN_TOKENS
+
+            agent = models["agent"].model_copy(update={"max_tokens": DEMO_TURN_TOKENS})
+            return {**DEMO_GRAPH_SETTINGS, **common, **models, "agent": agent}
+        return {**common, **models}
     if env("SPECEYES_SMALL_PATH") and env("SPECEYES_LARGE_PATH"):
         from speceyes_graph.models import ChatTransformersVLM
 
@@ -94,6 +101,21 @@ def served_models() -> dict[str, Any]:
         "speculator": models["small"],
         "agent": models["large"],
     }
+
+
+def serves_the_demo(models: dict[str, Any]) -> bool:
+    """Whether both servers report the demo checkpoints shipped here (as ``speceyes demo
+    --engine vllm`` starts them): those were trained on their own prompts."""
+    from pathlib import Path
+
+    from speceyes_graph.demo import demo_checkpoints
+
+    paths = demo_checkpoints()
+    for role, key in (("small", "speculator"), ("large", "agent")):
+        root = getattr(models[key], "served_root", None)
+        if not root or Path(root).resolve() != paths[role].resolve():
+            return False
+    return True
 
 
 def example_models() -> dict[str, Any]:

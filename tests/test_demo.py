@@ -39,7 +39,17 @@ def test_fixed_queries_give_the_recorded_routes_and_answers(models, tmp_path):
 def test_demo_command_end_to_end(tmp_path):
     out = tmp_path / "d"
     r = subprocess.run(
-        [sys.executable, "-m", "speceyes_graph", "demo", "--n", "12", "-o", str(out), "--specreason"],
+        [
+            sys.executable,
+            "-m",
+            "speceyes_graph",
+            "demo",
+            "--n",
+            "12",
+            "-o",
+            str(out),
+            "--specreason",
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -82,3 +92,53 @@ def test_demo_command_end_to_end(tmp_path):
 
     width, height = Image.open(out / "workflow.png").size
     assert width >= 800 and height >= 800
+
+
+def run_demo_command(*args, timeout=900):
+    return subprocess.run(
+        [sys.executable, "-m", "speceyes_graph", "demo", "--no-progress", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    )  # fmt: skip
+
+
+@pytest.mark.vllm
+def test_demo_on_running_vllm_servers(vllm_servers, tmp_path):
+    """--engine vllm with --small-url/--large-url: the same three configurations over the
+    servers, and the table and README say which engine ran."""
+    out = tmp_path / "d"
+    urls = [vllm_servers["small"].url, vllm_servers["large"].url + "#large"]
+    r = run_demo_command("--n", "12", "-o", str(out), "--engine", "vllm",
+                         "--small-url", urls[0], "--large-url", urls[1])  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["errors"] == 0 and set(summary["rows"]) == {"agent", "speceyes", "small"}
+    engine = summary["engine"]
+    assert engine["name"] == "vllm" and engine["description"].startswith("vLLM 0.32.0")
+    assert urls[0] in engine["description"] and engine["setup_s"] is None
+    assert f"engine: {engine['description']}" in r.stdout
+    assert engine["description"] in (out / "README.md").read_text()
+    assert summary["rows"]["agent"]["accuracy"] >= 0.9  # the checkpoints, answering as trained
+
+
+@pytest.mark.vllm
+def test_demo_starts_and_stops_its_own_vllm_servers(tmp_path):
+    import re
+    import socket
+
+    out = tmp_path / "d"
+    r = run_demo_command("--n", "6", "-o", str(out), "--engine", "vllm")
+    assert r.returncode == 0, r.stderr[-3000:]
+    engine = json.loads((out / "summary.json").read_text())["engine"]
+    assert "started by the demo in" in engine["description"] and engine["setup_s"] > 0
+    ports = [int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)/v1", engine["description"])]
+    assert len(ports) == 2
+    for port in ports:  # both servers are gone
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_demo_engine_arguments_are_checked():
+    r = run_demo_command("--small-url", "http://127.0.0.1:1/v1", timeout=60)
+    assert r.returncode != 0 and "--small-url and --large-url" in r.stderr
+    r = run_demo_command("--engine", "vllm", "--small-url", "http://127.0.0.1:1/v1", timeout=60)
+    assert r.returncode != 0 and "give both --small-url and --large-url" in r.stderr

@@ -206,3 +206,30 @@ def test_gate_config_evaluates_drafts():
     assert soft["score"] == pytest.approx(soft["softmax_confidence"])
     with pytest.raises(ValueError):
         GateConfig(aggregation="max")
+
+
+def _entry(token, values):
+    return {
+        "token": token,
+        "logprob": values[0],
+        "top_logprobs": [{"token": token, "logprob": v} for v in values],
+    }
+
+
+def test_a_trailing_end_of_turn_token_is_not_scored():
+    """vLLM and SGLang return the end-of-turn token as the last log-prob entry; the gate
+    scores the answer's own tokens, as the published evaluation and the transformers path."""
+    rng = np.random.default_rng(0)
+    answer = [_entry(t, sorted(rng.normal(size=64), reverse=True)) for t in ("bl", "ue")]
+    unsure_end = _entry("<|im_end|>", [0.0] * 2 + [-0.001] * 62)  # would reject the draft
+    gate = GateConfig(tau=0.5)
+    alone = gate.evaluate({"content": answer})
+    served = gate.evaluate({"content": [*answer, unsure_end]})
+    assert served["tokens"] == alone["tokens"] == ["bl", "ue"]
+    assert served["token_scores"] == alone["token_scores"]
+    assert served["separability"] == alone["separability"]
+    assert len(token_separability_from_logprobs([*answer, unsure_end])) == 2
+    # only at the end: an end token inside the content is the model's business, scored
+    assert len(gate.evaluate({"content": [answer[0], unsure_end, answer[1]]})["tokens"]) == 3
+    with pytest.raises(SeparabilityError, match="empty answer"):  # nothing but the end
+        gate.evaluate({"content": [unsure_end]})

@@ -31,8 +31,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def dev_server(tmp_path_factory, **settings):
+    """``langgraph dev`` on a free loopback port with only ``settings`` of the SPECEYES_*
+    environment; yields its URL and stops it (and everything it started)."""
     import httpx
 
     port = free_port()
@@ -41,6 +42,7 @@ def server(tmp_path_factory):
         SPECEYES_BLOB_DIR=str(tmp_path_factory.mktemp("blobs")),
         LANGSMITH_TRACING="false",
         LANGGRAPH_CLI_NO_ANALYTICS="1",
+        **settings,
     )
     log = open(tmp_path_factory.mktemp("log") / "server.log", "w+")
     proc = subprocess.Popen(
@@ -76,6 +78,25 @@ def server(tmp_path_factory):
             proc.wait()
         log.close()
     assert proc.returncode is not None  # the server we started is gone
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """No environment set: the shipped demo checkpoints, in the server's process."""
+    yield from dev_server(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def vllm_dev_server(tmp_path_factory, vllm_servers):
+    """The served graphs configured through SPECEYES_*_URL, on real vLLM servers of the demo
+    checkpoints (served as ``small`` and ``large``)."""
+    yield from dev_server(
+        tmp_path_factory,
+        SPECEYES_SMALL_URL=vllm_servers["small"].url,
+        SPECEYES_SMALL_MODEL="small",
+        SPECEYES_LARGE_URL=vllm_servers["large"].url,
+        SPECEYES_LARGE_MODEL="large",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +198,28 @@ def test_chat_graph_through_the_server(server, scenes):
     assert out["route"] in ("speculative", "judged-agentic", "rejected-agentic")
     state = client.threads.get_state(thread)["values"]
     assert "base64" not in json.dumps(state)
+
+
+@pytest.mark.vllm
+def test_the_served_graphs_run_on_vllm(vllm_dev_server, scenes):
+    """langgraph dev with SPECEYES_*_URL: the same answers as the local graph, through vLLM
+    (the servers report the demo checkpoints, so the graph speaks their prompts)."""
+    from langgraph_sdk import get_sync_client
+
+    client = get_sync_client(url=vllm_dev_server)
+    thread = client.threads.create()["thread_id"]
+    for inputs, expected in scenes:
+        out = client.runs.wait(thread, "speceyes", input=inputs)
+        assert out["error"] is None
+        assert (out["route"], out["answer"]) == (expected["route"], expected["answer"])
+    assert {e["route"] for _, e in scenes} >= {"speculative", "judged-agentic"}
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": scenes[0][0]["question"]},
+            {"type": "image_url", "image_url": {"url": scenes[0][0]["images"][0]}},
+        ],
+    }
+    chat = client.runs.wait(client.threads.create()["thread_id"], "speceyes_chat",
+                            input={"messages": [message]})  # fmt: skip
+    assert chat["error"] is None and chat["messages"][-1]["content"]

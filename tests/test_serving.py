@@ -335,3 +335,64 @@ def test_studio_serves_thyme_with_its_published_defaults(monkeypatch, scene4k, t
     finally:
         monkeypatch.undo()
         importlib.reload(studio)
+
+
+def served_entry(name, root, length=8192):
+    return {
+        "id": name,
+        "object": "model",
+        "owned_by": "vllm",
+        "root": root,
+        "max_model_len": length,
+    }
+
+
+def test_the_client_asks_the_server_what_it_serves():
+    """A model served as 'small': its family and context length come from /v1/models."""
+    from speceyes_graph.models.families import FAMILIES
+
+    models = [
+        served_entry("small", "Qwen/Qwen3-VL-2B-Instruct"),
+        served_entry("large", "ChenShawn/DeepEyes-7B", 32768),
+    ]
+    with ReplayServer(make_respond(), models=models) as server:
+        small = openai_chat_model(server.url, "small", top_logprobs=64)
+        large = openai_chat_model(server.url, "large")
+        probes = list(server.requests)
+    assert small.resize_spec == FAMILIES["qwen3-vl"] and small.context_length == 8192
+    assert large.resize_spec == FAMILIES["qwen2.5-vl"] and large.context_length == 32768
+    [probe] = probes  # one one-token request, for the speculator only
+    assert probe["top_logprobs"] == 64 and probe["max_tokens"] == 1
+
+
+def test_a_server_that_silently_returns_fewer_log_probs_is_reported():
+    from speceyes_graph.models.served import ServedModelError
+
+    with ReplayServer(make_respond(cap=20), models=[served_entry("small", "x/y")]) as server:
+        with pytest.raises(
+            ServedModelError,
+            match="returned 20 top log-probs of 64; start it with --max-logprobs 64",
+        ):
+            openai_chat_model(server.url, "small", top_logprobs=64)
+        openai_chat_model(server.url, "small", top_logprobs=20)  # enough for k=20
+
+
+def test_a_checkpoint_folder_the_server_names_gives_its_own_frame(tmp_path):
+    """root is a folder readable here (a local server): its processor config, exactly."""
+    import json as _json
+
+    from speceyes_graph.demo import demo_checkpoints
+    from speceyes_graph.models.families import processor_resize
+    from speceyes_graph.models.served import ServedModelInfo, served_resize
+
+    for role, path in demo_checkpoints().items():
+        config = _json.loads((path / "processor_config.json").read_text())["image_processor"]
+        got = served_resize(role, ServedModelInfo(role, str(path), 4096))
+        assert got == processor_resize(config)
+    assert (
+        served_resize("small", ServedModelInfo("small", "/srv/models/Qwen3-VL-2B", None)).factor
+        == 32
+    )
+    assert served_resize("mystery", None).max_pixels == ResizeSpec().max_pixels  # 1 MP, warned
+    explicit = ResizeSpec(factor=28, min_pixels=3136, max_pixels=500_000)
+    assert openai_chat_model("http://127.0.0.1:9/v1", "x", resize=explicit).resize_spec is explicit

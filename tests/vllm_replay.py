@@ -76,8 +76,12 @@ def completion(model, content=None, tool_calls=None, logprobs=None):
 
 
 class ReplayServer:
-    def __init__(self, respond):
+    """``models``: entries for ``GET /v1/models`` (vLLM's shape: id, root, max_model_len);
+    without them the server has no such route, as some OpenAI-compatible servers."""
+
+    def __init__(self, respond, models=None):
         self.respond = respond
+        self.models = models
         self.requests: list[dict] = []
         self.in_flight = 0
         self.max_in_flight = 0
@@ -87,6 +91,17 @@ class ReplayServer:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):  # quiet
                 pass
+
+            def do_GET(self):
+                if server.models is None or not self.path.endswith("/models"):
+                    self.send_error(404)
+                    return
+                data = json.dumps({"object": "list", "data": server.models}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
