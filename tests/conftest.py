@@ -71,6 +71,9 @@ def image_server(scene):
         yield server
 
 
+TOOL_PARSER = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+
+
 @pytest.fixture(scope="session")
 def vllm_servers():
     """Real vLLM servers (``bash scripts/setup-vllm.sh``) for the shipped demo checkpoints,
@@ -84,7 +87,13 @@ def vllm_servers():
 
     paths = demo_checkpoints()
     try:
-        servers = start_servers([VLLMServer(paths[r], name=r) for r in ("small", "large")])
+        servers = start_servers(
+            [
+                VLLMServer(paths["small"], name="small"),
+                # native tool calls for the standard suites (the DeepEyes protocol sends none)
+                VLLMServer(paths["large"], name="large", extra_args=TOOL_PARSER),
+            ]
+        )
     except VLLMNotInstalled as exc:
         pytest.fail(f"{exc} (or deselect these tests: -m 'not vllm')")
     yield {s.name: s for s in servers}

@@ -59,6 +59,19 @@ def picture() -> bytes:
     return buf.getvalue()
 
 
+def offline_picture(monkeypatch):
+    """The standard image test downloads a picture with httpx; offline, the same URL answers
+    with a local PNG."""
+    real_get = httpx.get
+
+    def get(url, *args, **kwargs):
+        if "agentic-rag-output.png" in str(url):
+            return httpx.Response(200, content=picture(), request=httpx.Request("GET", url))
+        return real_get(url, *args, **kwargs)
+
+    monkeypatch.setattr(httpx, "get", get)
+
+
 class TestChatTransformersUnit(ChatModelUnitTests):
     @property
     def chat_model_class(self) -> type[ChatTransformersVLM]:
@@ -73,53 +86,8 @@ class TestChatTransformersUnit(ChatModelUnitTests):
         return True
 
 
-class _VLMIntegration(ChatModelIntegrationTests):
-    """The integration suite for one checkpoint; subclasses name the checkpoint."""
-
-    checkpoint: str = ""
-
-    @property
-    def chat_model_class(self) -> type[ChatTransformersVLM]:
-        return ChatTransformersVLM
-
-    @property
-    def chat_model_params(self) -> dict[str, Any]:
-        return {"model": self.checkpoint, "max_tokens": 16}
-
-    @property
-    def supports_image_inputs(self) -> bool:
-        return True
-
-    @property
-    def supports_image_urls(self) -> bool:
-        return True
-
-    @property
-    def supports_image_tool_message(self) -> bool:
-        return True
-
-    @pytest.fixture(autouse=True)
-    def _offline_picture(self, monkeypatch):
-        """The image test downloads a picture (with httpx, and through the model for the URL
-        block); this machine has no internet, so the same URL answers with a local PNG."""
-        real_get = httpx.get
-
-        def get(url, *args, **kwargs):
-            if "agentic-rag-output.png" in str(url):
-                return httpx.Response(200, content=picture(), request=httpx.Request("GET", url))
-            return real_get(url, *args, **kwargs)
-
-        monkeypatch.setattr(httpx, "get", get)
-        import speceyes_tools.images as images
-
-        real_fetch = images.fetch_url
-        monkeypatch.setattr(
-            images,
-            "fetch_url",
-            lambda url, policy: (
-                picture() if "agentic-rag-output.png" in url else real_fetch(url, policy)
-            ),
-        )
+class _CannotCallTools:
+    """The integration tests a tiny checkpoint fails: expected to, strictly."""
 
     @pytest.mark.xfail(reason=TINY_CANNOT, strict=True)
     def test_tool_calling(self, model):
@@ -166,6 +134,48 @@ class _VLMIntegration(ChatModelIntegrationTests):
         super().test_unicode_tool_call_integration(model, tool_choice, force_tool_call)
 
 
+class _VLMIntegration(_CannotCallTools, ChatModelIntegrationTests):
+    """The integration suite for one checkpoint; subclasses name the checkpoint."""
+
+    checkpoint: str = ""
+
+    @property
+    def chat_model_class(self) -> type[ChatTransformersVLM]:
+        return ChatTransformersVLM
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"model": self.checkpoint, "max_tokens": 16}
+
+    @property
+    def supports_image_inputs(self) -> bool:
+        return True
+
+    @property
+    def supports_image_urls(self) -> bool:
+        return True
+
+    @property
+    def supports_image_tool_message(self) -> bool:
+        return True
+
+    @pytest.fixture(autouse=True)
+    def _offline_picture(self, monkeypatch):
+        """The image test downloads a picture (with httpx, and through the model for the URL
+        block); this machine has no internet, so the same URL answers with a local PNG."""
+        offline_picture(monkeypatch)
+        import speceyes_tools.images as images
+
+        real_fetch = images.fetch_url
+        monkeypatch.setattr(
+            images,
+            "fetch_url",
+            lambda url, policy: (
+                picture() if "agentic-rag-output.png" in url else real_fetch(url, policy)
+            ),
+        )
+
+
 class TestTinyQwen25VLIntegration(_VLMIntegration):
     @property
     def checkpoint(self) -> str:  # type: ignore[override]
@@ -188,6 +198,64 @@ class TestShippedDemoSmallIntegration(_VLMIntegration):
     @property
     def checkpoint(self) -> str:  # type: ignore[override]
         return str(demo_checkpoints()["small"])
+
+
+# --- the served chat model (ChatOpenAI plus what the server said), against real vLLM ----------
+
+
+def _served_class():
+    from speceyes_graph.models.served_chat import ServedChatModel
+
+    return ServedChatModel
+
+
+class TestServedChatModelUnit(ChatModelUnitTests):
+    @property
+    def chat_model_class(self) -> type:
+        return _served_class()
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"model": "large", "base_url": "http://127.0.0.1:9/v1", "api_key": "EMPTY"}
+
+    @property
+    def supports_image_inputs(self) -> bool:
+        return True
+
+
+_VLLM: dict[str, str] = {}
+
+
+@pytest.mark.vllm
+class TestServedChatModelIntegration(_CannotCallTools, ChatModelIntegrationTests):
+    """The demo's Qwen2.5-VL behind a real vLLM server (hermes tool parser on), through the
+    client the graph uses. What the 2.8M-parameter checkpoint cannot do on request (call an
+    arbitrary tool, write JSON) is expected to fail, strictly, as for the local model."""
+
+    @pytest.fixture(autouse=True)
+    def _server(self, vllm_servers, monkeypatch):
+        _VLLM["url"] = vllm_servers["large"].url
+        offline_picture(monkeypatch)
+
+    @property
+    def chat_model_class(self) -> type:
+        return _served_class()
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {
+            "model": "large",
+            "base_url": _VLLM["url"],
+            "api_key": "EMPTY",
+            "max_tokens": 16,
+            "stream_usage": True,
+            # a client per test: langchain-openai would share one across the tests' event loops
+            "http_async_client": httpx.AsyncClient(),
+        }
+
+    @property
+    def supports_image_inputs(self) -> bool:
+        return True
 
 
 # --- the same contracts, with a scripted generate --------------------------------------------

@@ -53,6 +53,7 @@ def openai_chat_model(
         check_top_logprobs(base_url, model, top_logprobs, api_key=api_key)
     if top_logprobs:
         kwargs.update(logprobs=True, top_logprobs=top_logprobs)
+    kwargs.setdefault("stream_usage", True)  # vLLM and SGLang report usage when streaming too
     try:
         from .served_chat import ServedChatModel
     except ImportError as exc:  # pragma: no cover - exercised only without the extra

@@ -24,3 +24,9 @@ class ServedChatModel(ChatOpenAI):
     """The server's ``max_model_len``: what a question must fit into."""
     served_root: str | None = None
     """The checkpoint the server reports having loaded (a hub id or a folder)."""
+
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        """No: LangChain's loader knows ``ChatOpenAI``, not this class; build it again with
+        :func:`~speceyes_graph.models.openai_chat_model`, which asks the server anew."""
+        return False
