@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def _placeholder_graph(mode: str, tools: str):
@@ -121,12 +122,23 @@ def check_bench_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             parser.error(f"--{role}: {exc}")
 
 
+def load_model(spec: Any, role: str, **settings: Any) -> Any:
+    """The chat model a checked spec names; ``demo`` is the shipped checkpoint of the role
+    (the large one judges answers in ``report --judge-model demo``)."""
+    from .models.specs import ModelSpec, load_chat_model
+
+    if spec.kind == "demo":
+        from .demo import demo_checkpoints
+
+        spec = ModelSpec("path", str(demo_checkpoints()["small" if role == "small" else "large"]))
+    return load_chat_model(spec, **settings)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .benchmarks import load_benchmark, run_benchmark
     from .benchmarks.datasets import count_benchmark
     from .benchmarks.runner import RunLocked
     from .graph import create_speceyes_graph
-    from .models.specs import load_chat_model
     from .separability import GateConfig
 
     specs = args.specs
@@ -137,12 +149,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     small = large = None
     if "small" in specs:
-        small = load_chat_model(
-            specs["small"], top_logprobs=gate.k, max_new_tokens=20, batch_size=args.batch_size
+        small = load_model(
+            specs["small"], "small", top_logprobs=gate.k, max_new_tokens=20, batch_size=args.batch_size
         )
     if "large" in specs:
-        large = load_chat_model(
+        large = load_model(
             specs["large"],
+            "large",
             top_logprobs=None,
             max_new_tokens=args.max_new_tokens,
             batch_size=args.batch_size,
@@ -244,14 +257,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     judge = None
     if args.judge_model:
-        from .models.specs import SpecError, load_chat_model, parse_model_spec
+        from .models.specs import SpecError, parse_model_spec
 
         try:
             spec = parse_model_spec(args.judge_model, "judge")
         except SpecError as exc:
             print(f"speceyes report: --judge-model: {exc}", file=sys.stderr)
             return 2
-        judge = load_chat_model(spec, top_logprobs=None, max_new_tokens=16, batch_size=8)
+        judge = load_model(spec, "judge", top_logprobs=None, max_new_tokens=16, batch_size=8)
     report = write_report(
         args.dir, args.baseline, args.out, scoring=args.scoring, judge=judge, compare=args.compare
     )

@@ -127,13 +127,13 @@ def load_chat_model(
         )
     from .chat_transformers import ChatTransformersVLM
 
-    path = spec.target
-    if spec.kind == "demo":
-        from ..demo import demo_checkpoints
-
-        path = str(demo_checkpoints()[spec.target])
+    if spec.kind == "demo":  # models/ sits below demo/: the caller knows where they are
+        raise SpecError(
+            "a demo spec names the shipped checkpoints: load ModelSpec('path', "
+            "str(speceyes_graph.demo.demo_checkpoints()[role])) instead"
+        )
     return ChatTransformersVLM(
-        model=path,
+        model=spec.target,
         top_logprobs=top_logprobs,
         max_new_tokens=max_new_tokens,
         max_batch_size=batch_size,
