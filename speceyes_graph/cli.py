@@ -542,14 +542,14 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(args, "check"):
         args.check(parser, args)
     from .models.served import ServedModelError
-    from .models.vllm_server import VLLMNotInstalled
+    from .models.servers import EngineNotInstalled
 
     try:
         return args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ServedModelError, VLLMNotInstalled) as exc:  # a server set up wrong: say how
+    except (ServedModelError, EngineNotInstalled) as exc:  # a server set up wrong: say how
         print(f"speceyes: {exc}", file=sys.stderr)
         return 2
 

@@ -71,6 +71,22 @@ def image_server(scene):
         yield server
 
 
+@pytest.fixture(scope="session")
+def demo_queries_60(tmp_path_factory):
+    """The 60 held-out demo queries the engine tests run (a third need the zoom tool)."""
+    from engine_parity import demo_inputs
+
+    return demo_inputs(tmp_path_factory.mktemp("demo-scenes"))
+
+
+@pytest.fixture(scope="session")
+def demo_local():
+    """The shipped demo checkpoints on the transformers path (the engines' reference)."""
+    from speceyes_graph.demo import demo_models
+
+    return demo_models()
+
+
 TOOL_PARSER = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 
 
@@ -83,7 +99,7 @@ def vllm_servers():
     ``tiny_models`` cannot be served: their head size (16) is below what vLLM's CPU attention
     supports; the demo checkpoints are tiny too (1.4M and 2.8M parameters)."""
     from speceyes_graph.demo import demo_checkpoints
-    from speceyes_graph.models.vllm_server import VLLMNotInstalled, VLLMServer, start_servers
+    from speceyes_graph.models.servers import EngineNotInstalled, VLLMServer, start_servers
 
     paths = demo_checkpoints()
     try:
@@ -94,8 +110,26 @@ def vllm_servers():
                 VLLMServer(paths["large"], name="large", extra_args=TOOL_PARSER),
             ]
         )
-    except VLLMNotInstalled as exc:
+    except EngineNotInstalled as exc:
         pytest.fail(f"{exc} (or deselect these tests: -m 'not vllm')")
+    yield {s.name: s for s in servers}
+    for s in servers:
+        s.stop()
+    assert all(s.process is None for s in servers)
+
+
+@pytest.fixture(scope="session")
+def sglang_servers():
+    """Real SGLang servers (``bash scripts/setup-sglang.sh``) for the demo checkpoints, served
+    as ``small`` and ``large`` on a CPU; tests that use them are marked ``sglang``."""
+    from speceyes_graph.demo import demo_checkpoints
+    from speceyes_graph.models.servers import EngineNotInstalled, SGLangServer, start_servers
+
+    paths = demo_checkpoints()
+    try:
+        servers = start_servers([SGLangServer(paths[r], name=r) for r in ("small", "large")])
+    except EngineNotInstalled as exc:
+        pytest.fail(f"{exc} (or deselect these tests: -m 'not sglang')")
     yield {s.name: s for s in servers}
     for s in servers:
         s.stop()

@@ -12,18 +12,17 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-import numpy as np
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 pytest.importorskip("langchain_openai", reason="the openai extra")
 
-from speceyes_graph import create_speceyes_chat_graph, create_speceyes_graph  # noqa: E402
+from engine_parity import CONFIGURATIONS, assert_same, local_run, run  # noqa: E402
+
+from speceyes_graph import create_speceyes_chat_graph  # noqa: E402
 from speceyes_graph.demo import (  # noqa: E402
     DEMO_GRAPH_SETTINGS,
-    demo_models,
-    demo_queries,
 )
 from speceyes_graph.demo.engines import served_models  # noqa: E402
 from speceyes_graph.messages import for_model, user_message  # noqa: E402
@@ -36,32 +35,6 @@ from speceyes_tools.images import store_scope  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
-N = 60  # demo queries per configuration, a third of them needing the zoom tool
-
-
-class PromptTokens(BaseCallbackHandler):
-    """The prompt length of every model call of one query, as the engine reports it."""
-
-    def __init__(self):
-        self.counts: list[int] = []
-
-    def on_llm_end(self, response, **kwargs):
-        for generations in response.generations:
-            for g in generations:
-                usage = getattr(getattr(g, "message", None), "usage_metadata", None) or {}
-                self.counts.append(int(usage.get("input_tokens", -1)))
-
-
-@pytest.fixture(scope="module")
-def queries(tmp_path_factory):
-    qs = demo_queries(tmp_path_factory.mktemp("scenes"), N)
-    return [{"question": q.question, "images": [q.image], "options": q.options} for q in qs]
-
-
-@pytest.fixture(scope="module")
-def local():
-    return demo_models()
-
 
 @pytest.fixture(scope="module")
 def served(vllm_servers):
@@ -71,55 +44,13 @@ def served(vllm_servers):
     )
 
 
-def run(models, mode, queries, **settings):
-    graph = create_speceyes_graph(
-        speculator=models["small"], agent=models["large"], mode=mode,
-        **DEMO_GRAPH_SETTINGS, **settings,
-    )  # fmt: skip
-    handlers = [PromptTokens() for _ in queries]
-    outs = graph.compile().batch(
-        queries, [{"callbacks": [h], "max_concurrency": 64} for h in handlers]
-    )
-    return outs, [sorted(h.counts) for h in handlers]
-
-
-def assert_same(local_run, served_run):
-    (lo, l_tokens), (so, s_tokens) = local_run, served_run
-    assert len(lo) == len(so) == N
-    for i, (a, b) in enumerate(zip(lo, so, strict=True)):
-        assert a.get("error") is None and b.get("error") is None, (
-            i,
-            a.get("error"),
-            b.get("error"),
-        )
-        assert (a["route"], a["answer"]) == (b["route"], b["answer"]), i
-        da, db = a.get("draft") or {}, b.get("draft") or {}
-        assert da.get("tokens") == db.get("tokens"), (i, da.get("tokens"), db.get("tokens"))
-        if da.get("token_scores"):
-            np.testing.assert_allclose(da["token_scores"], db["token_scores"], atol=1e-3)
-            assert da["accepted"] == db["accepted"]
-        assert [s.get("text") for s in a.get("agent_steps") or []] == [
-            s.get("text") for s in b.get("agent_steps") or []
-        ], i
-        assert l_tokens[i] == s_tokens[i], (i, l_tokens[i], s_tokens[i])
-        assert l_tokens[i] and min(l_tokens[i]) > 0  # every call reported its prompt
-
-
-@pytest.mark.parametrize(
-    "mode, settings",
-    [
-        ("speceyes", {}),
-        ("agent", {}),
-        ("small", {}),
-        ("specreason", {}),
-        ("speceyes", {"speculation": "parallel"}),
-    ],
-    ids=["speceyes", "agent", "small", "specreason", "speceyes-parallel"],
-)
-def test_the_graph_over_vllm_matches_the_transformers_path(local, served, queries, mode, settings):
-    local_run = run(local, mode, queries, **settings)
-    served_run = run(served, mode, queries, **settings)
-    assert_same(local_run, served_run)
+@pytest.mark.parametrize("configuration", list(CONFIGURATIONS))
+def test_the_graph_over_vllm_matches_the_transformers_path(
+    demo_local, served, demo_queries_60, configuration
+):
+    mode, settings = CONFIGURATIONS[configuration]
+    served_run = run(served, mode, demo_queries_60, **settings)
+    assert_same(local_run(demo_local, configuration, demo_queries_60), served_run)
     outs = served_run[0]
     routes = {o["route"] for o in outs}
     if mode == "speceyes":  # the comparison covers every route
@@ -127,11 +58,11 @@ def test_the_graph_over_vllm_matches_the_transformers_path(local, served, querie
         assert any(o["agent_steps"] and o["agent_steps"][0].get("tool_calls") for o in outs)
 
 
-def test_the_end_of_turn_token_is_not_scored(served, local, queries):
+def test_the_end_of_turn_token_is_not_scored(served, demo_local, demo_queries_60):
     """vLLM returns <|im_end|> as the last log-prob entry; the gate scores the answer only."""
     msgs = [
         SystemMessage("x"),
-        HumanMessage([{"type": "text", "text": queries[0]["question"]}]),
+        HumanMessage([{"type": "text", "text": demo_queries_60[0]["question"]}]),
     ]
     raw = served["small"].invoke(msgs, max_tokens=8)
     content = raw.response_metadata["logprobs"]["content"]
@@ -142,13 +73,13 @@ def test_the_end_of_turn_token_is_not_scored(served, local, queries):
     assert "<|im_end|>" not in scored["tokens"]
 
 
-def test_the_server_says_what_it_serves(vllm_servers, local):
+def test_the_server_says_what_it_serves(vllm_servers, demo_local):
     """Served under names of their own, the checkpoints still get their own image frame and
     context length, asked of the server (not guessed from 'small' / 'large')."""
     for role in ("small", "large"):
         server = vllm_servers[role]
         model = openai_chat_model(server.url, role, top_logprobs=64 if role == "small" else None)
-        assert model.resize_spec == local[role].resize_spec
+        assert model.resize_spec == demo_local[role].resize_spec
         assert model.context_length == 4096  # --max-model-len
         assert Path(model.served_root) == Path(server.model)
 
@@ -176,7 +107,7 @@ def chat_input(query):
     return {"messages": [HumanMessage([{"type": "text", "text": text}, image])]}
 
 
-def test_streaming_clients_through_the_chat_graph(vllm_servers, local, queries):
+def test_streaming_clients_through_the_chat_graph(vllm_servers, demo_local, demo_queries_60):
     """ChatOpenAI(streaming=True) against the real server: every model call streams (SSE,
     the draft's log-probs inside the chunks), the chat graph routes and answers as it does on
     the local models, and its answer comes out of stream_mode="messages"."""
@@ -189,10 +120,10 @@ def test_streaming_clients_through_the_chat_graph(vllm_servers, local, queries):
         name: create_speceyes_chat_graph(
             speculator=models["small"], agent=models["large"], **DEMO_GRAPH_SETTINGS
         ).compile()
-        for name, models in (("local", local), ("streaming", streaming))
+        for name, models in (("local", demo_local), ("streaming", streaming))
     }
     routes = set()
-    for query in queries[:8]:
+    for query in demo_queries_60[:8]:
         tokens = Tokens()
         expected = graphs["local"].invoke(chat_input(query))
         chunks, final = [], {}
@@ -230,12 +161,12 @@ def thyme_turn(store, image_path, resize):
     return [SystemMessage(THYME_SYSTEM_PROMPT), user, ai]
 
 
-def test_thyme_continues_the_same_turn_on_vllm(vllm_servers, local, scene):
+def test_thyme_continues_the_same_turn_on_vllm(vllm_servers, demo_local, scene):
     """continue_final_message on the real server renders the turn as the local chat template
     does (same prompt tokens: no new assistant header) and continues it with the same tokens
     (the demo's Qwen2.5-VL checkpoint, 2.8M parameters)."""
     store = ImageStore()
-    model = local["large"]
+    model = demo_local["large"]
     served = openai_chat_model(vllm_servers["large"].url, "large", max_tokens=24)
     assert served.resize_spec == model.resize_spec
     wire = thyme_turn(store, scene, model.resize_spec)

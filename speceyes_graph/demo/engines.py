@@ -81,10 +81,13 @@ def _server(url: str) -> tuple[str, str, str]:
             raise ValueError(f"{base} serves {[e['id'] for e in entries]}: write {base}#NAME")
         name = entries[0]["id"]
     owner = next((e.get("owned_by") for e in entries if e.get("id") == name), None) or "server"
-    try:  # vLLM reports its version beside the API
-        version = _get(f"{base.removesuffix('/v1')}/version").get("version")
-    except (OSError, ValueError, AttributeError):
-        version = None
+    version = None
+    for route in ("version", "get_server_info"):  # vLLM's, SGLang's: beside the API
+        try:
+            version = _get(f"{base.removesuffix('/v1')}/{route}").get("version")
+            break
+        except (OSError, ValueError, AttributeError):
+            continue
     label = {"vllm": "vLLM", "sglang": "SGLang"}.get(owner, owner)
     return base, name, f"{label} {version}" if version else label
 
@@ -111,7 +114,7 @@ def demo_engine(
         return
     if engine != "vllm":
         raise ValueError(f"unknown engine {engine!r}; use 'transformers' or 'vllm'")
-    from ..models.vllm_server import VLLMServer, start_servers
+    from ..models.servers import VLLMServer, start_servers
 
     servers: list[VLLMServer] = []
     setup_s = None

@@ -4,7 +4,8 @@ A local checkpoint tells the graph how its processor resizes images and how long
 is. A served one is only a name, and deployments name models as they like
 (``--served-model-name small``), so guessing from the name sends a Qwen-VL model its images
 at a megapixel instead of its family's 12.8. vLLM's ``/v1/models`` says which checkpoint it
-loaded (``root``: a hub id or a folder) and its context length (``max_model_len``):
+loaded (``root``: a hub id or a folder; SGLang says it in ``/model_info``) and its context
+length (``max_model_len``):
 
 - the image frame comes from the checkpoint's own processor config when ``root`` is a folder
   this machine can read (the server is local, or shares the model store), else from the
@@ -93,13 +94,27 @@ def describe_served_model(
     for entry in entries:
         if isinstance(entry, Mapping) and entry.get("id") == name:
             root = entry.get("root")
+            if not isinstance(root, str) or not root or root == name:
+                root = _sglang_model_path(base_url, api_key, timeout)
             length = entry.get("max_model_len")
             return ServedModelInfo(
                 name=name,
-                root=root if isinstance(root, str) and root else None,
+                root=root,
                 max_model_len=length if isinstance(length, int) and length > 0 else None,
             )
     raise ServedModelError(f"{base_url} serves {ids}, not {name!r}: check the model name")
+
+
+def _sglang_model_path(base_url: str, api_key: str, timeout: float) -> str | None:
+    """SGLang's ``/v1/models`` reports the served name as ``root``; its ``/model_info``
+    (beside the API, not under ``/v1``) has the checkpoint."""
+    server = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        info = _request(f"{server}/model_info", api_key, timeout)
+    except (OSError, ValueError):
+        return None
+    path = info.get("model_path") if isinstance(info, Mapping) else None
+    return path if isinstance(path, str) and path else None
 
 
 def _checkpoint_resize(folder: Path) -> ResizeSpec | None:

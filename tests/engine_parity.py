@@ -1,0 +1,88 @@
+"""The graph on a serving engine against the transformers path, query by query.
+
+Shared by the engine tests (``test_vllm.py``, ``test_sglang.py``): the same demo queries and
+configuration run on both paths must give the same routes, answers, agent turns and scored
+tokens, per-token separability within 1e-3, and the same prompt length for every model call.
+The local runs are kept for the session, so each configuration runs locally once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from langchain_core.callbacks import BaseCallbackHandler
+
+from speceyes_graph import create_speceyes_graph
+from speceyes_graph.demo import DEMO_GRAPH_SETTINGS, demo_queries
+
+N = 60  # demo queries per configuration, a third of them needing the zoom tool
+CONFIGURATIONS = {
+    "speceyes": ("speceyes", {}),
+    "agent": ("agent", {}),
+    "small": ("small", {}),
+    "specreason": ("specreason", {}),
+    "speceyes-parallel": ("speceyes", {"speculation": "parallel"}),
+}
+_LOCAL_RUNS: dict = {}
+
+
+def demo_inputs(folder):
+    return [
+        {"question": q.question, "images": [q.image], "options": q.options}
+        for q in demo_queries(folder, N)
+    ]
+
+
+class PromptTokens(BaseCallbackHandler):
+    """The prompt length of every model call of one query, as the engine reports it."""
+
+    def __init__(self):
+        self.counts: list[int] = []
+
+    def on_llm_end(self, response, **kwargs):
+        for generations in response.generations:
+            for g in generations:
+                usage = getattr(getattr(g, "message", None), "usage_metadata", None) or {}
+                self.counts.append(int(usage.get("input_tokens", -1)))
+
+
+def run(models, mode, queries, **settings):
+    """(outputs, sorted prompt lengths of each query's model calls)."""
+    graph = create_speceyes_graph(
+        speculator=models["small"], agent=models["large"], mode=mode,
+        **DEMO_GRAPH_SETTINGS, **settings,
+    )  # fmt: skip
+    handlers = [PromptTokens() for _ in queries]
+    outs = graph.compile().batch(
+        queries, [{"callbacks": [h], "max_concurrency": 64} for h in handlers]
+    )
+    return outs, [sorted(h.counts) for h in handlers]
+
+
+def assert_same(local_run, served_run):
+    (lo, l_tokens), (so, s_tokens) = local_run, served_run
+    assert len(lo) == len(so) == N
+    for i, (a, b) in enumerate(zip(lo, so, strict=True)):
+        assert a.get("error") is None and b.get("error") is None, (
+            i,
+            a.get("error"),
+            b.get("error"),
+        )
+        assert (a["route"], a["answer"]) == (b["route"], b["answer"]), i
+        da, db = a.get("draft") or {}, b.get("draft") or {}
+        assert da.get("tokens") == db.get("tokens"), (i, da.get("tokens"), db.get("tokens"))
+        if da.get("token_scores"):
+            np.testing.assert_allclose(da["token_scores"], db["token_scores"], atol=1e-3)
+            assert da["accepted"] == db["accepted"]
+        assert [s.get("text") for s in a.get("agent_steps") or []] == [
+            s.get("text") for s in b.get("agent_steps") or []
+        ], i
+        assert l_tokens[i] == s_tokens[i], (i, l_tokens[i], s_tokens[i])
+        assert l_tokens[i] and min(l_tokens[i]) > 0  # every call reported its prompt
+
+
+def local_run(models, configuration, queries):
+    """The transformers path's run of a configuration, once per session."""
+    if configuration not in _LOCAL_RUNS:
+        mode, settings = CONFIGURATIONS[configuration]
+        _LOCAL_RUNS[configuration] = run(models, mode, queries, **settings)
+    return _LOCAL_RUNS[configuration]
