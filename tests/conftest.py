@@ -99,23 +99,14 @@ def vllm_servers():
     ``tiny_models`` cannot be served: their head size (16) is below what vLLM's CPU attention
     supports; the demo checkpoints are tiny too (1.4M and 2.8M parameters)."""
     from speceyes_graph.demo import demo_checkpoints
-    from speceyes_graph.models.servers import EngineNotInstalled, VLLMServer, start_servers
+    from speceyes_graph.models.servers import VLLMServer
 
     paths = demo_checkpoints()
-    try:
-        servers = start_servers(
-            [
-                VLLMServer(paths["small"], name="small"),
-                # native tool calls for the standard suites (the DeepEyes protocol sends none)
-                VLLMServer(paths["large"], name="large", extra_args=TOOL_PARSER),
-            ]
-        )
-    except EngineNotInstalled as exc:
-        pytest.fail(f"{exc} (or deselect these tests: -m 'not vllm')")
-    yield {s.name: s for s in servers}
-    for s in servers:
-        s.stop()
-    assert all(s.process is None for s in servers)
+    yield from serve("vllm", [
+        VLLMServer(paths["small"], name="small"),
+        # native tool calls for the standard suites (the DeepEyes protocol sends none)
+        VLLMServer(paths["large"], name="large", extra_args=TOOL_PARSER),
+    ])  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -123,13 +114,20 @@ def sglang_servers():
     """Real SGLang servers (``bash scripts/setup-sglang.sh``) for the demo checkpoints, served
     as ``small`` and ``large`` on a CPU; tests that use them are marked ``sglang``."""
     from speceyes_graph.demo import demo_checkpoints
-    from speceyes_graph.models.servers import EngineNotInstalled, SGLangServer, start_servers
+    from speceyes_graph.models.servers import SGLangServer
 
     paths = demo_checkpoints()
+    yield from serve("sglang", [SGLangServer(paths[r], name=r) for r in ("small", "large")])
+
+
+def serve(engine, servers):
+    """Start the servers together, hand them over by name, and stop them afterwards."""
+    from speceyes_graph.models.servers import EngineNotInstalled, start_servers
+
     try:
-        servers = start_servers([SGLangServer(paths[r], name=r) for r in ("small", "large")])
+        start_servers(servers)
     except EngineNotInstalled as exc:
-        pytest.fail(f"{exc} (or deselect these tests: -m 'not sglang')")
+        pytest.fail(f"{exc} (or deselect these tests: -m 'not {engine}')")
     yield {s.name: s for s in servers}
     for s in servers:
         s.stop()
