@@ -396,3 +396,22 @@ def test_a_checkpoint_folder_the_server_names_gives_its_own_frame(tmp_path):
     assert served_resize("mystery", None).max_pixels == ResizeSpec().max_pixels  # 1 MP, warned
     explicit = ResizeSpec(factor=28, min_pixels=3136, max_pixels=500_000)
     assert openai_chat_model("http://127.0.0.1:9/v1", "x", resize=explicit).resize_spec is explicit
+
+
+def test_the_servers_context_length_bounds_the_question(scene4k):
+    """max_model_len from /v1/models: a question that cannot fit fails its query, clearly,
+    before any model call; the other query of the batch is answered."""
+    models = [
+        served_entry("small", "Qwen/Qwen3-VL-2B-Instruct", 2048),
+        served_entry("large", "ChenShawn/DeepEyes-7B", 2048),
+    ]
+    with ReplayServer(make_respond(), models=models) as server:
+        graph = create_speceyes_graph(
+            **openai_models(server.url, "small", server.url, "large")
+        ).compile()
+        long, short = graph.batch(
+            [q("easy: colour? " + "very " * 1200, scene4k), q("easy: colour?", scene4k)]
+        )
+    assert not any("very very" in texts(r) for r in server.requests)  # no model call
+    assert long["error"] and "accepts at most 1024" in long["error"] and long["answer"] is None
+    assert short["error"] is None and short["route"] == "speculative"
