@@ -180,3 +180,30 @@ def test_thyme_continues_the_same_turn_on_vllm(vllm_servers, demo_local, scene):
     assert a.usage_metadata["input_tokens"] == b.usage_metadata["input_tokens"]
     assert fresh.usage_metadata["input_tokens"] > b.usage_metadata["input_tokens"]
     assert a.content == b.content and a.content
+
+
+def test_speceyes_bench_on_a_served_model(vllm_servers, tmp_path):
+    """`speceyes bench --small openai:URL#small`: a gate K above the server's --max-logprobs
+    stops before the run with the flag to set; within it, the run goes."""
+    import json
+    import subprocess
+    import sys
+
+    from speceyes_graph.benchmarks import generate_suite
+
+    generate_suite(tmp_path / "suite", 2, seed=3, max_side=600)
+    spec = f"openai:{vllm_servers['small'].url}#small"
+
+    def bench(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "speceyes_graph.cli", "bench", "--benchmark", "synthetic",
+             "--data", str(tmp_path / "suite"), "--mode", "small", "--small", spec, *args],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    r = bench("--top-k", "65", "--out", str(tmp_path / "refused"))
+    assert r.returncode == 2 and "--max-logprobs 65" in r.stderr and "Traceback" not in r.stderr
+    r = bench("--top-k", "64", "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").open()]
+    assert len(records) == 2 and all(rec["error"] is None for rec in records)
