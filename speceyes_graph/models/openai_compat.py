@@ -48,18 +48,18 @@ def openai_chat_model(
     :class:`~speceyes_graph.models.served.ServedModelError` here, naming the flag to set.
     ``resize`` and ``context_length`` override what the server says.
     """
-    info = describe_served_model(base_url, model, api_key=api_key) if probe else None
-    if probe and info is not None and top_logprobs:
-        check_top_logprobs(base_url, model, top_logprobs, api_key=api_key)
-    if top_logprobs:
-        kwargs.update(logprobs=True, top_logprobs=top_logprobs)
-    kwargs.setdefault("stream_usage", True)  # vLLM and SGLang report usage when streaming too
     try:
         from .served_chat import ServedChatModel
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
         raise ImportError(
             "serving needs langchain-openai: pip install 'speceyes-graph[openai]'"
         ) from exc
+    info = describe_served_model(base_url, model, api_key=api_key) if probe else None
+    if probe and info is not None and top_logprobs:
+        check_top_logprobs(base_url, model, top_logprobs, api_key=api_key)
+    if top_logprobs:
+        kwargs.update(logprobs=True, top_logprobs=top_logprobs)
+    kwargs.setdefault("stream_usage", True)  # vLLM and SGLang report usage when streaming too
     return ServedChatModel(
         base_url=base_url,
         model=model,
