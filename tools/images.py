@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from PIL import Image
@@ -66,6 +66,7 @@ __all__ = [
     "default_store",
     "encode_image",
     "encode_png",
+    "exif_orientation",
     "load_image",
     "pixel_key",
     "current_store",
@@ -74,6 +75,7 @@ __all__ = [
     "smart_resize",
     "sniff_mime",
     "store_scope",
+    "upright",
 ]
 
 
@@ -173,12 +175,13 @@ def sniff_mime(data: bytes) -> str:
     return "application/octet-stream"
 
 
-def _header_size(data: bytes, name: str) -> tuple[int, int]:
+def _header(data: bytes, name: str) -> tuple[int, int, int]:
+    """(width, height, EXIF orientation) as stored, from the header."""
     try:
         with warnings.catch_warnings():  # our own pixel cap decides, right after this
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as im:  # reads the header only
-                return im.size
+                return *im.size, _orientation_of(im)
     except Image.DecompressionBombError as exc:
         raise ImageLoadError(
             f"image {name} is larger than PIL's decompression-bomb limit "
@@ -191,14 +194,55 @@ def _header_size(data: bytes, name: str) -> tuple[int, int]:
         ) from None
 
 
+_ORIENTATION_TAG = 0x0112
+
+# EXIF orientation -> the array operation that shows the pixels as viewers do (the same
+# operations as PIL's ImageOps.exif_transpose; rows are y, columns x)
+_UPRIGHT = {
+    2: lambda a: a[:, ::-1],  # mirrored left-right
+    3: lambda a: a[::-1, ::-1],  # upside down
+    4: lambda a: a[::-1],  # mirrored top-bottom
+    5: lambda a: a.swapaxes(0, 1),  # transposed
+    6: lambda a: np.rot90(a, -1),  # a phone held upright: turn 90 degrees clockwise
+    7: lambda a: a[::-1, ::-1].swapaxes(0, 1),  # transversed
+    8: lambda a: np.rot90(a, 1),  # turn 90 degrees counter-clockwise
+}
+
+
+def _orientation_of(im: Image.Image) -> int:
+    try:
+        value = im.getexif().get(_ORIENTATION_TAG, 1)
+    except Exception:  # a malformed EXIF block: the pixels are still an image, shown as stored
+        return 1
+    return value if value in _UPRIGHT else 1
+
+
+def exif_orientation(source: bytes | BinaryIO) -> int:
+    """The EXIF orientation (1-8) of encoded image bytes or an open binary file, from the
+    header only; 1 (as stored) when there is none or it cannot be read."""
+    try:
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as im:
+            return _orientation_of(im)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        return 1
+
+
+def upright(arr: np.ndarray, orientation: int) -> np.ndarray:
+    """The pixels as viewers show them: ``arr`` (as stored) turned by its EXIF orientation."""
+    turn = _UPRIGHT.get(orientation)
+    return arr if turn is None else np.ascontiguousarray(turn(arr))
+
+
 def decode_image(data: bytes, name: str = "image", max_pixels: int | None = None) -> np.ndarray:
     """Encoded bytes -> RGB ``uint8`` array ``[H, W, 3]``, refusing images over ``max_pixels``.
 
-    PNG and JPEG go straight into one NumPy buffer with OpenCV (PIL peaks at about three
-    frames for an 8K decode; OpenCV at one); other formats through PIL. Truncated files are
-    reported, never decoded to grey rows.
+    The array is upright: an EXIF orientation (every portrait photo from a phone) is applied,
+    as browsers and viewers do, so boxes a model writes about what it sees land on the same
+    pixels. PNG and JPEG go straight into one NumPy buffer with OpenCV (PIL peaks at about
+    three frames for an 8K decode; OpenCV at one); other formats through PIL. Truncated files
+    are reported, never decoded to grey rows.
     """
-    width, height = _header_size(data, name)
+    width, height, _ = _header(data, name)
     if max_pixels is not None and width * height > max_pixels:
         raise ImageLoadError(
             f"image {name} is {width}x{height} ({width * height / 1e6:.1f} MP); the limit is "
@@ -206,9 +250,11 @@ def decode_image(data: bytes, name: str = "image", max_pixels: int | None = None
         )
     try:
         with Image.open(io.BytesIO(data)) as im:
+            orientation = _orientation_of(im)
             if im.format in ("PNG", "JPEG"):
                 import cv2
 
+                # orientation is applied below, the same way for every format
                 arr = cv2.imdecode(
                     np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION
                 )
@@ -216,9 +262,11 @@ def decode_image(data: bytes, name: str = "image", max_pixels: int | None = None
                     raise ImageLoadError(
                         f"image {name} is corrupt or truncated ({im.format} data incomplete)"
                     )
-                return cv2.cvtColor(arr, cv2.COLOR_BGR2RGB, dst=arr)  # in place
-            im.load()  # raises on truncated data
-            return np.asarray(im.convert("RGB") if im.mode != "RGB" else im)
+                arr = cv2.cvtColor(arr, cv2.COLOR_BGR2RGB, dst=arr)  # in place
+            else:
+                im.load()  # raises on truncated data
+                arr = np.asarray(im.convert("RGB") if im.mode != "RGB" else im)
+            return upright(arr, orientation)
     except ImageLoadError:
         raise
     except (OSError, SyntaxError, ValueError) as exc:
@@ -426,13 +474,13 @@ class ImageStore:
         return arr
 
     def _decode(self, data: bytes, name: str) -> np.ndarray:
-        width, height = _header_size(data, name)
+        width, height, orientation = _header(data, name)
         if width * height > self.policy.max_pixels:
             raise ImageLoadError(
                 f"image {name} is {width}x{height} ({width * height / 1e6:.1f} MP); the limit "
                 f"is {self.policy.max_pixels / 1e6:.0f} MP"
             )
-        need = width * height * 3 + len(data)
+        need = width * height * 3 * (1 if orientation == 1 else 2) + len(data)  # turning copies
         self.budget.acquire(need, name)
         try:
             return decode_image(data, name)

@@ -20,7 +20,7 @@ from langgraph.prebuilt import InjectedState
 from pydantic import BaseModel, Field
 
 from .blobs import is_blob_key
-from .images import ImageStore, default_store, encode_png, sniff_mime
+from .images import ImageStore, default_store, encode_png, exif_orientation, sniff_mime
 from .sandbox import INPUT_DIR, Sandbox, SandboxLimits, SandboxUnavailable, default_sandbox
 
 __all__ = ["make_python_sandbox_tool", "sandbox_image"]
@@ -35,20 +35,26 @@ _EXTENSIONS = {
 
 def _stem_and_extension(ref: str, store: ImageStore) -> tuple[str, str | None]:
     """The name the image gets in the sandbox (a file keeps its own stem) and the extension
-    of its format, from its first bytes only; None for formats sent as PNG."""
+    of its format, from its header only; None for images sent as PNG: other formats, and
+    photos with an EXIF orientation (PIL in the sandbox would open them sideways, while the
+    prompt gives the upright size the model saw)."""
     key = store.intern(ref)  # query images are already stable: a path or a blob key
     if is_blob_key(key):
-        stem, head = "image", store.read(key)[:16]
+        data = store.read(key)
+        stem, head, orientation = "image", data[:16], exif_orientation(data)
     else:
         with open(key, "rb") as f:
             stem, head = Path(key).stem or "image", f.read(16)
-    return stem, _EXTENSIONS.get(sniff_mime(head))
+            f.seek(0)
+            orientation = exif_orientation(f)
+    return stem, None if orientation != 1 else _EXTENSIONS.get(sniff_mime(head))
 
 
 def sandbox_image(ref: str, store: ImageStore | None = None) -> tuple[bytes, str, tuple[int, int]]:
     """(encoded bytes, file name, (width, height)) of a query image as the sandbox gets it:
     the original bytes (no re-encoding) and, for a file, its own name, as the published
-    harness shows the dataset's path; formats other than PNG, JPEG, WebP and GIF become PNG."""
+    harness shows the dataset's path; formats other than PNG, JPEG, WebP and GIF, and
+    rotated photos, become an upright PNG."""
     store = store or default_store()
     stem, ext = _stem_and_extension(ref, store)
     size = store.size(ref)

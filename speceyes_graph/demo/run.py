@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from speceyes_tools.images import load_image
+
 from ..agent import LoopOptions
 from ..benchmarks.datasets import BenchQuery
 from ..benchmarks.report import DEFINITIONS, build_report, write_report
@@ -490,7 +492,7 @@ def write_examples(
         if record is None:
             continue
         q = query[record["id"]]
-        image = np.asarray(Image.open(q.image).convert("RGB"))
+        image = load_image(q.image)  # upright, as the models saw it
         agent_record = by_id["agent"].get(q.id)
         box = _box(record) or _box(agent_record)
         fig, (ax_scene, ax_crop) = plt.subplots(
