@@ -1,12 +1,14 @@
 """Putting SpecEyes inside other things: a chat graph and a tool for other agents.
 
 - :func:`create_speceyes_chat_graph`: messages in, the answer appended as an ``AIMessage``
-  out. The last human message is the query: its text is the question and its image blocks
+  out. The last human message is the query: its text is the question, an ``Options:`` line
+  in it starts the multiple-choice options (:func:`split_options`), and its image blocks
   (pasted images, URLs) are the images; a follow-up without an image asks about the latest
   image of the conversation. Works in LangGraph Studio's chat view and with any chat UI
   that speaks ``messages``. Images pasted into the chat are moved into the image store, so
   the thread's state holds references, not pixels. With ``stream_mode="messages"`` only the
-  answer is streamed: the judge, the draft and the agent's turns are internal.
+  answer is streamed, with ``subgraphs=True`` too: the judge, the draft and the agent's
+  turns are internal.
 - :func:`speceyes_tool`: the graph as a LangChain tool for another agent (``create_agent``,
   a supervisor, a ``ToolNode``), returning a compact JSON result: answer, route, score.
 """
@@ -14,9 +16,13 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
+from langchain_core.callbacks import BaseCallbackManager
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import set_config_context
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from langgraph.channels import UntrackedValue
 from langgraph.graph import END, START, StateGraph
@@ -31,7 +37,7 @@ from .messages import dehydrate, image_ref
 from .protocol import message_text
 from .state import AgentStep, Draft, Route, SpecEyesContext
 
-__all__ = ["SpecEyesChatState", "create_speceyes_chat_graph", "speceyes_tool"]
+__all__ = ["SpecEyesChatState", "create_speceyes_chat_graph", "speceyes_tool", "split_options"]
 
 
 class SpecEyesChatState(TypedDict, total=False):
@@ -43,6 +49,7 @@ class SpecEyesChatState(TypedDict, total=False):
     error: str | None
     # the query of this turn, read from the messages: never checkpointed
     question: Annotated[str | None, UntrackedValue(str, guard=False)]
+    options: Annotated[list[str] | None, UntrackedValue(list, guard=False)]
     images: Annotated[list[str] | None, UntrackedValue(list, guard=False)]
 
 
@@ -54,6 +61,77 @@ class _ChatOutput(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
     route: Route | None
     error: str | None
+
+
+_OPTIONS_LINE = re.compile(r"^[ \t]*options[ \t]*:[ \t]*", re.IGNORECASE | re.MULTILINE)
+_LABEL = re.compile(r"^(?:\(([A-Z])\)|([A-Z])[.):])\s+")  # "(A) ", "A. ", "A) ", "A: "
+_INLINE_LABEL = re.compile(r"(?:^|\s)(?:\(([A-Z])\)|([A-Z])[.)])\s+")
+
+
+def _inline_options(text: str) -> list[str]:
+    """Options written on the ``Options:`` line: labelled ``A. red B. green`` / ``(A) red
+    (B) green`` when the labels run A, B, C..., else separated by ``;`` or ``|``, else ``,``."""
+    labels = list(_INLINE_LABEL.finditer(text))
+    letters = [m.group(1) or m.group(2) for m in labels]
+    if len(labels) >= 2 and letters == [chr(65 + i) for i in range(len(labels))]:
+        if not text[: labels[0].start()].strip():
+            ends = [m.start() for m in labels[1:]] + [len(text)]
+            return [text[m.end() : end].strip() for m, end in zip(labels, ends)]
+    for separator in (";", "|", ","):
+        if separator in text:
+            return [part.strip() for part in text.split(separator)]
+    return [text.strip()]
+
+
+def split_options(text: str) -> tuple[str, list[str] | None]:
+    """(question, options) of a chat message: an ``Options:`` line ends the question.
+
+    The options follow it one per line (a label ``A.``, ``A)``, ``(A)`` or ``A:`` is dropped,
+    so the models' own prompt format reads back), or on the ``Options:`` line itself:
+    ``Options: red; green; blue`` (``|`` or ``,`` work too) or ``Options: (A) red (B) green``.
+    Without such a line the whole text is the question and there are no options.
+    """
+    found = _OPTIONS_LINE.search(text)
+    if found is None:
+        return text.strip(), None
+    question, rest = text[: found.start()].strip(), text[found.end() :]
+    first, _, following = rest.partition("\n")
+    options = _inline_options(first) if first.strip() else []
+    for line in following.splitlines():
+        line = line.strip()
+        if line:
+            label = _LABEL.match(line)
+            options.append(line[label.end() :].strip() if label else line)
+    options = [o for o in options if o]
+    return question, options or None
+
+
+def _spelled_out(answer: str | None, options: list[str] | None) -> str | None:
+    """A bare option letter as a chat reply names its option too: ``B`` -> ``B. green``."""
+    letter = (answer or "").strip().rstrip(".)").lstrip("(")
+    if options and len(letter) == 1 and "A" <= letter <= chr(64 + len(options)):
+        return f"{letter}. {options[ord(letter) - 65]}"
+    return answer
+
+
+def _without_message_stream(config: RunnableConfig) -> RunnableConfig:
+    """``config`` minus LangGraph's ``stream_mode="messages"`` handler, for the SpecEyes graph
+    run inside the chat graph: with ``subgraphs=True`` that handler would stream every message
+    the inner nodes write (the agent's turns, tool results). Tracing, user callbacks and the
+    other stream modes (``updates``, ``custom``: the agent's steps) still see the inner run."""
+    from langgraph.pregel._messages import StreamMessagesHandler
+
+    callbacks = config.get("callbacks")
+    if isinstance(callbacks, BaseCallbackManager):
+        kept = callbacks.copy()
+        for handler in list(kept.handlers) + list(kept.inheritable_handlers):
+            if isinstance(handler, StreamMessagesHandler):
+                kept.remove_handler(handler)
+    elif isinstance(callbacks, list):
+        kept = [h for h in callbacks if not isinstance(h, StreamMessagesHandler)]
+    else:
+        return config
+    return {**config, "callbacks": kept}
 
 
 def _image_blocks(message: BaseMessage) -> list[dict]:
@@ -87,8 +165,9 @@ def create_speceyes_chat_graph(
         messages = list(state.get("messages") or [])
         last = next((m for m in reversed(messages) if isinstance(m, HumanMessage)), None)
         if last is None:
-            return {"question": None, "images": None}
-        update: dict[str, Any] = {"question": message_text(last).strip()}
+            return {"question": None, "options": None, "images": None}
+        question, options = split_options(message_text(last))
+        update: dict[str, Any] = {"question": question, "options": options}
         try:
             kept = dehydrate(last, store)  # pasted pixels -> blob references, same message id
         except Exception:
@@ -105,7 +184,7 @@ def create_speceyes_chat_graph(
         update["images"] = images
         return update
 
-    def answer(state: SpecEyesChatState) -> dict[str, Any]:
+    def answer(state: SpecEyesChatState, config: RunnableConfig) -> dict[str, Any]:
         question = state.get("question")
         if not question:
             reply = AIMessage(content="Ask a question about an image (attach the image).")
@@ -116,10 +195,19 @@ def create_speceyes_chat_graph(
                 "agent_steps": [],
                 "error": None,
             }
-        out = speceyes.invoke({"question": question, "images": state.get("images") or []})
+        query = {
+            "question": question,
+            "images": state.get("images") or [],
+            "options": state.get("options"),
+        }
+        inner = _without_message_stream(config)
+        with set_config_context(inner) as context:  # the ambient config too: LangGraph merges it
+            out = context.run(speceyes.invoke, query, inner)
         draft = out.get("draft") or {}
         meta = {"speceyes": {"route": out.get("route"), "score": draft.get("score")}}
-        text = out.get("answer") or f"I could not answer: {out.get('error') or 'no answer'}"
+        text = _spelled_out(out.get("answer"), query["options"]) or (
+            f"I could not answer: {out.get('error') or 'no answer'}"
+        )
         return {
             "messages": [AIMessage(content=text, response_metadata=meta)],
             "route": out.get("route"),

@@ -3,12 +3,15 @@
 import base64
 import json
 
+import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from helpers import deepeyes_agent, judge, speculator
 from speceyes_graph import create_speceyes_chat_graph, create_speceyes_graph, speceyes_tool
-from speceyes_graph.models import ScriptedChatModel
+from speceyes_graph.compose import split_options
+from speceyes_graph.models import ScriptedChatModel, fake_logprobs
+from speceyes_graph.protocol import message_text
 
 
 def models(**kw):
@@ -98,6 +101,92 @@ def test_messages_stream_carries_only_the_answer(scene):
         m for m, _ in plain.stream({"question": "big?", "images": [scene]}, stream_mode="messages")
     ]
     assert msgs == []
+
+
+@pytest.mark.parametrize(
+    "text, question, options",
+    [
+        ("What colour is it?", "What colour is it?", None),
+        ("What colour?\nOptions: red; green; blue", "What colour?", ["red", "green", "blue"]),
+        ("What colour?\noptions: red | light green", "What colour?", ["red", "light green"]),
+        ("What colour?\nOptions: red, green", "What colour?", ["red", "green"]),
+        ("What colour?\nOptions: (A) red (B) dark green", "What colour?", ["red", "dark green"]),
+        ("What colour?\nOptions: A. red B. green", "What colour?", ["red", "green"]),
+        # the models' own prompt layout reads back
+        (
+            "Question: What?\nOptions: \nA. red\nB. a big one\n",
+            "Question: What?",
+            ["red", "a big one"],
+        ),
+        ("Which?\n  Options:\n(A) yes, it is\n(B) no\n\n", "Which?", ["yes, it is", "no"]),
+        ("Which?\nOptions:\n- first\nsecond", "Which?", ["- first", "second"]),
+        ("Which?\nOptions:", "Which?", None),  # an empty list: no options
+        # labels out of order are text, not labels
+        ("Is it B. or C.?\nOptions: B. yes C. no", "Is it B. or C.?", ["B. yes C. no"]),
+    ],
+)
+def test_split_options(text, question, options):
+    assert split_options(text) == (question, options)
+
+
+def test_chat_graph_takes_options_from_an_options_line(scene):
+    seen = []
+
+    def respond(msgs):
+        seen.append(message_text(msgs[-1]))
+        return AIMessage(content="B", response_metadata={"logprobs": fake_logprobs(["B"], [9.0])})
+
+    g = create_speceyes_chat_graph(**models(speculator=ScriptedChatModel(respond=respond)))
+    text = "What is the big colour?\nOptions: red; green; blue"
+    out = g.compile().invoke(
+        {"messages": [HumanMessage(content=[{"type": "text", "text": text}, pasted(scene)])]}
+    )
+    assert out["route"] == "speculative" and out["messages"][-1].content == "B. green"
+    assert seen[0].startswith("Question: What is the big colour?\n")
+    assert "\nA. red\nB. green\nC. blue\n" in seen[0]
+    assert "Options: red; green" not in seen[0]  # the line became the graph's options
+
+
+def test_messages_stream_with_subgraphs_carries_only_the_answer(scene):
+    """Studio and chat UIs may stream with subgraphs on: still only the answer (the agent's
+    turns and tool results stay internal), while updates still show the inner steps."""
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Runs(BaseCallbackHandler):
+        def __init__(self):
+            self.parent, self.models = {}, []
+
+        def on_chain_start(self, serialized, inputs, *, run_id, parent_run_id=None, **kw):
+            self.parent[run_id] = parent_run_id
+
+        def on_chat_model_start(self, serialized, messages, *, run_id, parent_run_id=None, **kw):
+            self.parent[run_id] = parent_run_id
+            self.models.append(run_id)
+
+        def root(self, run_id):
+            while self.parent.get(run_id) is not None:
+                run_id = self.parent[run_id]
+            return run_id
+
+    g = create_speceyes_chat_graph(**models()).compile()
+    message = HumanMessage(content=[{"type": "text", "text": "tiny?"}, pasted(scene)])
+    runs = Runs()
+    chunks = list(
+        g.stream(
+            {"messages": [message]},
+            {"callbacks": [runs]},
+            stream_mode=["messages", "updates"],
+            subgraphs=True,
+        )
+    )
+    messages = [(ns, c[0].type, c[0].content) for ns, mode, c in chunks if mode == "messages"]
+    assert messages == [((), "ai", "B")]
+    inner = {next(iter(c)) for ns, mode, c in chunks if mode == "updates" and ns}
+    assert {"judge", "agent", "tools"} <= inner  # the inner run is still visible as updates
+    # callbacks and tracing still see every model call, inside one run tree
+    assert len(runs.models) == 3  # the judge and two agent turns
+    roots = [r for r, parent in runs.parent.items() if parent is None]
+    assert len(roots) == 1 and {runs.root(r) for r in runs.models} == set(roots)
 
 
 def test_speceyes_tool_gives_a_compact_result(scene):

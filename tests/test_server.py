@@ -200,6 +200,56 @@ def test_chat_graph_through_the_server(server, scenes):
     assert "base64" not in json.dumps(state)
 
 
+def chat_message(inputs) -> dict:
+    """A demo query as a chat user types it: the question, an Options: line, the image."""
+    text = inputs["question"] + "\nOptions: " + "; ".join(inputs["options"])
+    return {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": text},
+            {"type": "image_url", "image_url": {"url": inputs["images"][0]}},
+        ],
+    }
+
+
+def test_the_chat_front_answers_every_demo_question_as_the_plain_graph(server, scenes):
+    """The default Studio chat graph (the demo checkpoints, which learned multiple-choice
+    prompts only): with an Options: line it answers as the plain graph does, zooms included."""
+    from langgraph_sdk import get_sync_client
+
+    client = get_sync_client(url=server)
+    assert {e["route"] for _, e in scenes} >= {"speculative", "judged-agentic"}
+    for inputs, expected in scenes:
+        thread = client.threads.create()["thread_id"]
+        out = client.runs.wait(thread, "speceyes_chat", input={"messages": [chat_message(inputs)]})
+        assert out["error"] is None
+        assert (out["route"], out["messages"][-1]["content"]) == (
+            expected["route"],
+            expected["answer"],
+        )
+
+
+def test_the_chat_stream_with_subgraphs_carries_only_the_answer(server, scenes):
+    from langgraph_sdk import get_sync_client
+
+    client = get_sync_client(url=server)
+    inputs, expected = next((i, e) for i, e in scenes if e["route"] == "judged-agentic")
+    thread = client.threads.create()["thread_id"]
+    chunks = list(
+        client.runs.stream(
+            thread,
+            "speceyes_chat",
+            input={"messages": [chat_message(inputs)]},
+            stream_mode=["messages-tuple", "updates"],
+            stream_subgraphs=True,
+        )
+    )
+    messages = [c.data[0] for c in chunks if c.event.startswith("messages")]
+    assert [(m["type"], m["content"]) for m in messages] == [("ai", expected["answer"])]
+    inner = [c for c in chunks if c.event.startswith("updates|")]  # namespaced: a subgraph's
+    assert any("agent" in c.data for c in inner)
+
+
 @pytest.mark.vllm
 def test_the_served_graphs_run_on_vllm(vllm_dev_server, scenes):
     """langgraph dev with SPECEYES_*_URL: the same answers as the local graph, through vLLM
