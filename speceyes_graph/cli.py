@@ -1,4 +1,4 @@
-"""The ``speceyes`` command line."""
+"""The ``speceyes`` command line: every subcommand is a thin shell over a library call."""
 
 from __future__ import annotations
 
@@ -150,7 +150,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     small = large = None
     if "small" in specs:
         small = load_model(
-            specs["small"], "small", top_logprobs=gate.k, max_new_tokens=20, batch_size=args.batch_size
+            specs["small"],
+            "small",
+            top_logprobs=gate.k,
+            max_new_tokens=20,
+            batch_size=args.batch_size,
         )
     if "large" in specs:
         large = load_model(
@@ -335,8 +339,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 1 if summary["errors"] else 0
 
 
+_DESCRIPTION = """\
+SpecEyes (arXiv 2603.23483): a large model judges whether a visual question needs its
+zoom-and-look tools; the ones that do not get a small model's answer at once, kept only if
+its answer separability clears tau; the rest run the large model's tool loop."""
+
+_EXAMPLES = """\
+examples:
+  speceyes demo                   SpecEyes vs the agent on the shipped checkpoints, offline
+  speceyes synth data/synth --n 200
+  speceyes bench --benchmark vstar --data vstar_bench/ --large SPEC --mode agent --out runs/agent
+  speceyes bench ... --small SPEC --mode speceyes --out runs/speceyes
+  speceyes report runs/speceyes --baseline runs/agent
+  speceyes graph --format png -o workflow.png
+
+'speceyes COMMAND --help' lists each command's options."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="speceyes", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="speceyes",
+        description=_DESCRIPTION,
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("graph", help="draw the workflow (subgraph expanded)")

@@ -39,6 +39,22 @@ def _as_list(name: str, value: Any, limit: int) -> list:
     return list(value)
 
 
+def _text(name: str, value: str) -> str:
+    """``value`` if it can be sent to a model (encodes as UTF-8), else a :class:`QueryError`
+    naming the field: a lone surrogate (``"\\ud800"``: half an emoji from a client that split
+    UTF-16, or bytes decoded with ``surrogateescape``) would fail deep in a tokenizer."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start]
+        raise QueryError(
+            f"'{name}' is not valid text: character {exc.start} is {bad!r} (U+{ord(bad):04X}), "
+            "a lone UTF-16 surrogate, which no model can read; send the text as UTF-8 (a "
+            "client that cuts strings by UTF-16 units can split an emoji this way)"
+        ) from None
+    return value
+
+
 def count_tokens(model: Any, text: str) -> int:
     """Tokens of ``text`` for ``model``: exact when the model can count (``ChatTransformersVLM``
     uses its tokenizer), else a conservative estimate (one token per three characters)."""
@@ -63,18 +79,19 @@ def read_query(
     question = raw.get("question")
     if not isinstance(question, str) or not question.strip():
         raise QueryError(f"'question' must be a non-empty string, got {question!r:.60}")
+    _text("question", question)
     options = raw.get("options")
     if options is not None:
         options = _as_list("options", options, limits.max_options)
         for i, opt in enumerate(options):
             if isinstance(opt, bool) or not isinstance(opt, (str, int, float)):
                 raise QueryError(f"option {i} must be a string, got {type(opt).__name__}")
-        options = [str(o) for o in options] or None
+        options = [_text(f"options[{i}]", str(o)) for i, o in enumerate(options)] or None
     query_id = raw.get("query_id")
     if query_id is not None:
         if isinstance(query_id, bool) or not isinstance(query_id, (str, int)):
             raise QueryError(f"'query_id' must be a string, got {type(query_id).__name__}")
-        query_id = str(query_id)[:256]
+        query_id = _text("query_id", str(query_id)[:256])
     text = format_question(question, options)
     for model in {id(m): m for m in models if m is not None}.values():
         n, limit = count_tokens(model, text), question_token_limit(model, limits)
@@ -83,5 +100,9 @@ def read_query(
                 f"the question is {n} tokens long; this deployment accepts at most {limit} "
                 "(question and options)"
             )
-    images = [store.intern(ref) for ref in _as_list("images", raw.get("images"), limits.max_images)]
+    refs = _as_list("images", raw.get("images"), limits.max_images)
+    for i, ref in enumerate(refs):
+        if isinstance(ref, str):
+            _text(f"images[{i}]", ref)
+    images = [store.intern(ref) for ref in refs]
     return Query(question=question, images=images, options=options, query_id=query_id)

@@ -92,3 +92,15 @@ def test_train_demo_smoke(tmp_path):
     assert model.resize_spec.max_pixels == 128 * 128 and list(
         model.processor.image_processor.image_mean
     ) == [0.9, 0.9, 0.9]
+
+
+def test_help_reads_as_help():
+    """Every command's --help is plain text for a terminal: what the tool is, examples, no
+    reStructuredText left over from docstrings."""
+    top = run("--help")
+    assert top.returncode == 0 and "SpecEyes (arXiv 2603.23483)" in top.stdout
+    assert "examples:" in top.stdout and "speceyes demo" in top.stdout
+    commands = top.stdout.split("{", 1)[1].split("}", 1)[0].split(",")
+    assert {"demo", "bench", "report", "calibrate"} <= set(commands)
+    for text in [top.stdout] + [run(c, "--help").stdout for c in commands]:
+        assert text and "``" not in text and ":func:" not in text and ":class:" not in text

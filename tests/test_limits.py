@@ -184,6 +184,10 @@ def test_too_many_images_or_options(scene):
         ({"images": [None]}, "an image reference must be a non-empty string"),
         ({"images": ["ftp://host/x.png"]}, "unsupported image reference"),
         ({"query_id": {"a": 1}}, "'query_id' must be a string"),
+        ({"question": "What \ud800 is it?"}, "'question' is not valid text: character 5 is"),
+        ({"options": ["red", "bl\udc80ue"]}, "'options[1]' is not valid text: character 2"),
+        ({"images": ["/tmp/\ud83d.png"]}, "'images[0]' is not valid text"),
+        ({"query_id": "q\udfff"}, "'query_id' is not valid text"),
     ],
 )
 def test_malformed_inputs_are_clear_errors(scene, bad, message):
@@ -208,9 +212,12 @@ def test_tiny_model_context_caps_the_question(tiny_chat, tmp_path):
         for s in scenes
     ]
     alone = g.batch(good)
-    mixed = g.batch([*good[:2], {"question": "x" * 10_000, "images": [scenes[0]]}, good[2]])
+    long = {"question": "x" * 10_000, "images": [scenes[0]]}
+    surrogate = {"question": "What colour is \ud83d?", "images": [scenes[1]]}  # half an emoji
+    mixed = g.batch([*good[:2], long, surrogate, good[2]])
     assert "3072" in mixed[2]["error"] and "tokens long" in mixed[2]["error"]
-    for a, b in zip(alone, [mixed[0], mixed[1], mixed[3]]):
+    assert mixed[3]["error"].startswith("input: QueryError: 'question' is not valid text")
+    for a, b in zip(alone, [mixed[0], mixed[1], mixed[4]]):
         assert (a["route"], a["answer"], a["error"]) == (b["route"], b["answer"], b["error"])
 
 

@@ -84,8 +84,10 @@ class ResizeSpec:
     """How a Qwen-VL processor resizes an image before the model sees it.
 
     ``factor`` is patch size x spatial merge (28 for Qwen2.5-VL, 32 for Qwen3-VL). The
-    defaults match vLLM-style deployments of Qwen2.5-VL (``max_pixels = 1280 * 28 * 28``);
-    set them to your processor's values so model-space boxes map back exactly.
+    defaults (28, up to ``1280 * 28 * 28``, about 1 MP) are only a fallback for a model whose
+    frame is unknown: local checkpoints report their processor's values, served models
+    their server's checkpoint (Qwen2.5-VL ships ``max_pixels = 12845056``). Pass your
+    processor's values when neither can be read, so model-space boxes map back exactly.
     """
 
     factor: int = 28

@@ -276,10 +276,10 @@ def _run_locked(
     n_total = len(existing)
     bar = None
     if progress:
-        from tqdm import tqdm
+        from ..progress import progress_bar
 
         left = max(0, total - len(done)) if total is not None else None
-        bar = tqdm(total=left, desc=desc or f"bench {mode}", unit="q", dynamic_ncols=True)
+        bar = progress_bar(total=left, desc=desc or f"bench {mode}", unit="q")
     t0 = time.perf_counter()
     written = 0
     interrupted = False
@@ -294,11 +294,12 @@ def _run_locked(
         n_correct += record["correct"]
         routes[record.get("route") or "error"] += 1
         if bar is not None:
-            bar.update(1)
             bar.set_postfix(
+                refresh=False,  # the update draws it, when its interval has passed
                 acc=f"{n_correct / n_total:.3f}",
                 **{_SHORT.get(k, k): v for k, v in routes.items()},
             )
+            bar.update(1)
 
     try:
         with (out / RECORDS).open("a", encoding="utf-8") as fh:

@@ -204,9 +204,9 @@ def generate_suite(
     rng.shuffle(small_flags)
     items = range(n)
     if progress:
-        from tqdm import tqdm
+        from ..progress import progress_bar
 
-        items = tqdm(items, desc="synth", unit="query")
+        items = progress_bar(items, desc="synth", unit="query")
     for i in items:
         kind = kinds[i % len(kinds)]
         img, meta = make_query(kind, seed * 1_000_003 + i, bool(small_flags[i]), max_side)

@@ -88,9 +88,9 @@ def demo_queries(
     queries = []
     items = enumerate(flags)
     if progress:
-        from tqdm import tqdm
+        from ..progress import progress_bar
 
-        items = tqdm(items, total=n, desc="writing scenes", unit="scene", dynamic_ncols=True)
+        items = progress_bar(items, total=n, desc="writing scenes", unit="scene")
     for i, tiny in items:
         scene = make_scene(rng, bool(tiny))
         path = folder / f"q{i:03d}.png"

@@ -305,7 +305,8 @@ def train_demo(
     ``task_weights``, usually a lower ``lr`` and ``colour_steps=0``).
     """
     import torch
-    from tqdm import tqdm
+
+    from ..progress import progress_bar
 
     if threads:
         torch.set_num_threads(threads)
@@ -335,12 +336,11 @@ def train_demo(
     )
     scenes = held_out_scenes()
     budget = minutes * 60
-    bar = tqdm(
+    bar = progress_bar(
         total=max_steps or round(budget),
         unit="step" if max_steps else "s",
         desc=f"train {kind}",
         position=position,
-        dynamic_ncols=True,
         disable=not progress,
     )
     say = log or bar.write
