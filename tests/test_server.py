@@ -263,13 +263,11 @@ def test_the_served_graphs_run_on_vllm(vllm_dev_server, scenes):
         assert out["error"] is None
         assert (out["route"], out["answer"]) == (expected["route"], expected["answer"])
     assert {e["route"] for _, e in scenes} >= {"speculative", "judged-agentic"}
-    message = {
-        "role": "user",
-        "content": [
-            {"type": "text", "text": scenes[0][0]["question"]},
-            {"type": "image_url", "image_url": {"url": scenes[0][0]["images"][0]}},
-        ],
-    }
-    chat = client.runs.wait(client.threads.create()["thread_id"], "speceyes_chat",
-                            input={"messages": [message]})  # fmt: skip
-    assert chat["error"] is None and chat["messages"][-1]["content"]
+    for inputs, expected in scenes:  # the chat front, options on an Options: line
+        chat = client.runs.wait(client.threads.create()["thread_id"], "speceyes_chat",
+                                input={"messages": [chat_message(inputs)]})  # fmt: skip
+        assert chat["error"] is None
+        assert (chat["route"], chat["messages"][-1]["content"]) == (
+            expected["route"],
+            expected["answer"],
+        )
