@@ -119,8 +119,10 @@ def _without_message_stream(config: RunnableConfig) -> RunnableConfig:
     run inside the chat graph: with ``subgraphs=True`` that handler would stream every message
     the inner nodes write (the agent's turns, tool results). Tracing, user callbacks and the
     other stream modes (``updates``, ``custom``: the agent's steps) still see the inner run."""
-    from langgraph.pregel._messages import StreamMessagesHandler
-
+    try:  # LangGraph's own class; its module is private, so a move must not break the chat
+        from langgraph.pregel._messages import StreamMessagesHandler
+    except ImportError:  # pragma: no cover - a LangGraph that moved it: stream as it does
+        return config
     callbacks = config.get("callbacks")
     if isinstance(callbacks, BaseCallbackManager):
         kept = callbacks.copy()
