@@ -4,7 +4,7 @@
 #
 #   bash scripts/setup.sh            then  .venv/bin/python -m speceyes_graph demo
 #
-# Installs Tesseract, Graphviz and bubblewrap (apt), python3-venv if venv is missing, PyTorch
+# Installs Tesseract, Graphviz, bubblewrap and PostgreSQL (apt), python3-venv if venv is missing, PyTorch
 # if the Python you set up from does not have it already (torch==2.14.1, torchvision==0.29.1,
 # about 3.5 GB to download, 6 GB on disk; an existing install, e.g. your CUDA build, is
 # reused through --system-site-packages), then this package with its dev extras.
@@ -28,21 +28,24 @@ apt_install() {
   as_root apt-get install -y -qq "$@" >/dev/null
 }
 
+has_postgres() { command -v initdb >/dev/null 2>&1 || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; }
+
 # What the stamp records: a rerun with the same inputs and a working environment is a no-op.
 fingerprint() { cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1; }
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(fingerprint)" ] \
-   && command -v tesseract >/dev/null 2>&1 && command -v bwrap >/dev/null 2>&1 \
+   && command -v tesseract >/dev/null 2>&1 && command -v bwrap >/dev/null 2>&1 && has_postgres \
    && "$VPY" -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('torch', 'torchvision', 'speceyes_graph')))" >/dev/null 2>&1; then
   say "up to date ($VENV)"
   exit 0
 fi
 
 # Tesseract for the OCR tool (and its tests); Graphviz's `dot` for PNG workflow pictures;
-# bubblewrap's `bwrap` for the code sandbox (model-written code never runs without it).
+# bubblewrap's `bwrap` for the code sandbox (model-written code never runs without it);
+# PostgreSQL's server for the tests of shared checkpoints and blobs (a throwaway cluster).
 if ! command -v tesseract >/dev/null 2>&1 || ! command -v dot >/dev/null 2>&1 \
-   || ! command -v bwrap >/dev/null 2>&1; then
-  apt_install tesseract-ocr graphviz bubblewrap \
-    || say "please install tesseract and bubblewrap (and optionally graphviz) with your package manager" >&2
+   || ! command -v bwrap >/dev/null 2>&1 || ! has_postgres; then
+  apt_install tesseract-ocr graphviz bubblewrap postgresql \
+    || say "please install tesseract and bubblewrap (and optionally graphviz, postgresql) with your package manager" >&2
 fi
 
 if [ ! -x "$VPY" ]; then

@@ -19,8 +19,10 @@ Models come from the environment, so the same file serves a laptop and a cluster
 
 A served graph is called by strangers, so it is strict by default (see docs/deployment.md):
 images only as ``data:`` URLs or public ``https`` URLs (``SPECEYES_IMAGE_DIRS`` allow-lists
-folders, ``SPECEYES_IMAGE_HOSTS`` hosts), crops and pasted images kept as files under
-``SPECEYES_BLOB_DIR`` (default ``.langgraph_api/speceyes-blobs``), and a failed query fails
+folders, ``SPECEYES_IMAGE_HOSTS`` hosts), crops and pasted images kept in
+``SPECEYES_BLOB_URL`` (``postgresql://...``, ``s3://...``: shared by every worker) or as files
+under ``SPECEYES_BLOB_DIR`` (default ``.langgraph_api/speceyes-blobs``), bounded by
+``SPECEYES_BLOB_MAX_MB`` (2048) and ``SPECEYES_BLOB_MAX_AGE_H``, and a failed query fails
 its run (``SPECEYES_ON_ERROR=record`` returns it with ``error`` set instead).
 ``SPECEYES_TAU``, ``SPECEYES_TOP_K`` and ``SPECEYES_TOOLS`` set defaults; each run may
 override the gate, mode and deadlines through its context. Imports are absolute because the
@@ -36,7 +38,7 @@ from typing import Any
 from speceyes_graph.compose import create_speceyes_chat_graph
 from speceyes_graph.graph import create_speceyes_graph
 from speceyes_graph.separability import GateConfig
-from speceyes_tools.blobs import DirectoryBlobs
+from speceyes_tools.blobs import blobs_from_url
 from speceyes_tools.images import ImagePolicy, ImageStore
 
 env = os.environ.get
@@ -44,13 +46,20 @@ env = os.environ.get
 
 @functools.cache
 def served_store() -> ImageStore:
-    """The strict image store of the served graphs (shared by all of them)."""
+    """The strict image store of the served graphs (shared by all of them). Its blobs are
+    ``SPECEYES_BLOB_URL`` when set (``postgresql://...``, ``s3://bucket/prefix``, a folder:
+    what every worker of a deployment reaches), else the folder ``SPECEYES_BLOB_DIR``."""
     dirs = [d for d in env("SPECEYES_IMAGE_DIRS", "").split(os.pathsep) if d]
     hosts = [h.strip() for h in env("SPECEYES_IMAGE_HOSTS", "").split(",") if h.strip()]
-    blob_dir = env("SPECEYES_BLOB_DIR", os.path.join(".langgraph_api", "speceyes-blobs"))
+    bounds: dict[str, Any] = {"max_bytes": int(env("SPECEYES_BLOB_MAX_MB", "2048")) << 20}
+    if env("SPECEYES_BLOB_MAX_AGE_H"):
+        bounds["max_age_s"] = float(env("SPECEYES_BLOB_MAX_AGE_H")) * 3600
+    url = env("SPECEYES_BLOB_URL") or env(
+        "SPECEYES_BLOB_DIR", os.path.join(".langgraph_api", "speceyes-blobs")
+    )
     return ImageStore(
         policy=ImagePolicy.strict(file_roots=dirs, allowed_hosts=hosts),
-        blobs=DirectoryBlobs(blob_dir, max_bytes=int(env("SPECEYES_BLOB_MAX_MB", "2048")) << 20),
+        blobs=blobs_from_url(url, **bounds),
     )
 
 

@@ -132,3 +132,38 @@ def serve(engine, servers):
     for s in servers:
         s.stop()
     assert all(s.process is None for s in servers)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A throwaway PostgreSQL server for the session (``tests/postgres_server.py``), in a
+    folder of its own under the system temp dir (the server's user must reach it)."""
+    import shutil
+    import tempfile
+
+    from postgres_server import PostgresServer, PostgresUnavailable
+
+    root = tempfile.mkdtemp(prefix="speceyes-pg-")
+    server = PostgresServer(root)
+    try:
+        server.start()
+    except PostgresUnavailable as exc:
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.fail(str(exc))
+    yield server
+    server.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_dsn(postgres, request):
+    """A fresh database on the session's server, for one test."""
+    import re
+
+    name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40]
+    name = f"t{len(_DATABASES)}_{name}"
+    _DATABASES.append(name)
+    return postgres.create_database(name)
+
+
+_DATABASES: list[str] = []

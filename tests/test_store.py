@@ -9,16 +9,18 @@ from conftest import write_scene
 
 from speceyes_graph.models import BatchScheduler
 from speceyes_tools import DeadlineExceeded, DirectoryBlobs, ImageStore, MemoryBlobs, ResizeSpec
+from speceyes_tools.blobs import blob_key
 from speceyes_tools.deadlines import call_with_deadline, deadline_scope, time_left
 from speceyes_tools.images import put_bytes, release
 
 
 def test_memory_blobs_are_a_bounded_lru():
     blobs = MemoryBlobs(max_bytes=25)
-    for i in range(5):
-        blobs.put(f"k{i}", bytes(10))
-    assert blobs.nbytes <= 25 and len(blobs) == 2 and blobs.get("k0") is None
-    assert blobs.get("k4") == bytes(10)
+    keys = [blob_key(bytes([i]) * 10) for i in range(5)]
+    for i, key in enumerate(keys):
+        blobs.put(key, bytes([i]) * 10)
+    assert blobs.nbytes <= 25 and len(blobs) == 2 and blobs.get(keys[0]) is None
+    assert blobs.get(keys[4]) == bytes([4]) * 10
 
 
 def test_directory_blobs_outlive_the_store_and_prune(tmp_path, scene):

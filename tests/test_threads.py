@@ -1,5 +1,6 @@
-"""Runs on a reused thread start clean, with in-memory and SQLite checkpointers, and the
-state never holds pixels."""
+"""Runs on a reused thread start clean, with in-memory, SQLite and Postgres checkpointers
+(Postgres with the Postgres blob store too, as workers of a deployment share them), the
+state never holds pixels, interrupted runs resume, and a chat thread moves between workers."""
 
 import base64
 import json
@@ -17,29 +18,47 @@ from speceyes_graph.state import SpecEyesOutput
 OUTPUT_KEYS = set(SpecEyesOutput.__annotations__)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def saver(request, tmp_path):
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def storage(request, tmp_path):
+    """(checkpointer, image store): in memory; SQLite; or Postgres for both, as several
+    workers of a deployment share them."""
     if request.param == "memory":
-        yield InMemorySaver()
-        return
-    conn = sqlite3.connect(tmp_path / "checkpoints.db", check_same_thread=False)
-    yield SqliteSaver(conn)
-    conn.close()
+        yield InMemorySaver(), None
+    elif request.param == "sqlite":
+        conn = sqlite3.connect(tmp_path / "checkpoints.db", check_same_thread=False)
+        yield SqliteSaver(conn), None
+        conn.close()
+    else:
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg_pool import ConnectionPool
+
+        from speceyes_tools import ImageStore, PostgresBlobs
+
+        dsn = request.getfixturevalue("postgres_dsn")
+        kwargs = {"autocommit": True, "prepare_threshold": 0}
+        with ConnectionPool(dsn, kwargs=kwargs, max_size=4) as pool:
+            saver = PostgresSaver(pool)
+            saver.setup()
+            blobs = PostgresBlobs(dsn)
+            yield saver, ImageStore(blobs=blobs)
+            blobs.close()
 
 
-def build(saver, **kw):
+def build(storage, interrupt_before=None, **kw):
     # "big" questions are judged tool-free and drafted confidently; others go to the agent
+    checkpointer, store = storage
     return create_speceyes_graph(
         judge=judge(lambda q: "no" if "big" in q else "yes"),
         speculator=speculator("A", 9.0),
         agent=deepeyes_agent(answer="B"),
+        store=store,
         **kw,
-    ).compile(checkpointer=saver)
+    ).compile(checkpointer=checkpointer, interrupt_before=interrupt_before)
 
 
-def fresh(saver, inputs):
+def fresh(storage, inputs):
     """What the same query returns on a brand-new thread: the reference for every key."""
-    return build(saver).invoke(inputs, {"configurable": {"thread_id": f"fresh-{id(inputs)}"}})
+    return build(storage).invoke(inputs, {"configurable": {"thread_id": f"fresh-{id(inputs)}"}})
 
 
 def same_outputs(a, b):
@@ -47,20 +66,20 @@ def same_outputs(a, b):
     return {k: a.get(k) for k in OUTPUT_KEYS - drop} == {k: b.get(k) for k in OUTPUT_KEYS - drop}
 
 
-def test_bad_query_then_good_query_on_one_thread(saver, scene):
-    g = build(saver)
+def test_bad_query_then_good_query_on_one_thread(storage, scene):
+    g = build(storage)
     cfg = {"configurable": {"thread_id": "t1"}}
     bad = g.invoke({"question": "big?", "images": ["/no/such/image.png"]}, cfg)
     assert bad["error"].startswith("input: ") and bad["answer"] is None
     good_input = {"question": "big?", "images": [scene], "options": ["red", "blue"]}
     good = g.invoke(good_input, cfg)
     assert good["error"] is None and good["route"] == "speculative" and good["answer"] == "A"
-    assert same_outputs(good, fresh(saver, good_input))
+    assert same_outputs(good, fresh(storage, good_input))
     assert set(good["timings"]) == {"intake", "judge", "speculate"}
 
 
-def test_agentic_then_speculative_then_agentic(saver, scene):
-    g = build(saver)
+def test_agentic_then_speculative_then_agentic(storage, scene):
+    g = build(storage)
     cfg = {"configurable": {"thread_id": "t2"}}
     first = g.invoke({"question": "tiny?", "images": [scene], "query_id": "one"}, cfg)
     assert first["route"] == "judged-agentic" and len(first["agent_steps"]) == 2
@@ -71,13 +90,13 @@ def test_agentic_then_speculative_then_agentic(saver, scene):
     assert second["agent_messages"] == [] and second["stop_reason"] is None
     assert "agent" not in second["timings"]
     assert g.get_state(cfg).values["query"]["query_id"] is None  # not inherited either
-    assert same_outputs(second, fresh(saver, second_input))
+    assert same_outputs(second, fresh(storage, second_input))
     third = g.invoke({"question": "tiny?", "images": [scene]}, cfg)
     assert third["draft"] is None and len(third["agent_steps"]) == 2  # no stale draft either
 
 
-def test_inputs_are_not_inherited_by_later_runs(saver, scene, tmp_path):
-    g = build(saver)
+def test_inputs_are_not_inherited_by_later_runs(storage, scene, tmp_path):
+    g = build(storage)
     cfg = {"configurable": {"thread_id": "t3"}}
     g.invoke({"question": "big?", "images": [scene], "options": ["red", "blue"]}, cfg)
     # no images and no options this time: the earlier ones must not be used
@@ -88,10 +107,10 @@ def test_inputs_are_not_inherited_by_later_runs(saver, scene, tmp_path):
     assert "no image is attached" in out["agent_steps"][0]["tool_calls"][0]["error"]
 
 
-def test_a_failed_run_does_not_poison_the_thread_in_raise_mode(saver, scene):
+def test_a_failed_run_does_not_poison_the_thread_in_raise_mode(storage, scene):
     from speceyes_graph import SpecEyesError
 
-    g = build(saver, on_error="raise")
+    g = build(storage, on_error="raise")
     cfg = {"configurable": {"thread_id": "t4"}}
     with pytest.raises(SpecEyesError, match="image file not found"):
         g.invoke({"question": "big?", "images": ["/no/such.png"]}, cfg)
@@ -99,10 +118,10 @@ def test_a_failed_run_does_not_poison_the_thread_in_raise_mode(saver, scene):
     assert out["error"] is None and out["route"] == "speculative"
 
 
-def test_state_and_checkpoints_hold_no_pixels(saver, tmp_path):
+def test_state_and_checkpoints_hold_no_pixels(storage, tmp_path):
     scene = write_scene(tmp_path / "big.png", size=(2000, 1500), box=(100, 100, 300, 300))
     data_url = "data:image/png;base64," + base64.b64encode(open(scene, "rb").read()).decode()
-    g = build(saver)
+    g = build(storage)
     cfg = {"configurable": {"thread_id": "t5"}}
     out = g.invoke({"question": "tiny?", "images": [data_url]}, cfg)
     assert out["route"] == "judged-agentic" and out["answer"] == "B"
@@ -122,3 +141,95 @@ def test_state_and_checkpoints_hold_no_pixels(saver, tmp_path):
     later = [h for h in history if h.metadata.get("source") != "input"]
     sizes = [len(json.dumps(h.values, default=str)) for h in later]
     assert max(sizes) < 20_000, sizes
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(storage, scene):
+    """interrupt_before the agent loop (a human reviews the route, or a worker stops): the
+    resumed run finishes from the checkpoint, without judging or drafting again."""
+    g = build(storage, interrupt_before=["agent_loop"])
+    cfg = {"configurable": {"thread_id": "t6"}}
+    paused = g.invoke({"question": "tiny?", "images": [scene]}, cfg)
+    assert paused.get("answer") is None and g.get_state(cfg).next == ("agent_loop",)
+    done = g.invoke(None, cfg)
+    assert done["route"] == "judged-agentic" and done["answer"] == "B"
+    assert set(done["timings"]) >= {"judge", "agent"}
+    again = g.invoke({"question": "big?", "images": [scene]}, cfg)  # the thread goes on clean
+    assert again["route"] == "speculative" and again["agent_steps"] == []
+
+
+def test_the_chat_graph_follow_up_on_another_worker(storage, scene):
+    """Two graph instances with their own image stores over the same backends (two workers):
+    a chat thread's follow-up on the second finds the image pasted on the first."""
+    from langchain_core.messages import HumanMessage
+
+    from speceyes_graph import create_speceyes_chat_graph
+    from speceyes_tools import ImageStore
+
+    checkpointer, store = storage
+    if store is None:  # in-process backends: both "workers" share this process's store
+        store = ImageStore()
+    second_store = ImageStore(blobs=store.blobs)
+
+    def chat(image_store):
+        return create_speceyes_chat_graph(
+            judge=judge(lambda q: "no" if "big" in q else "yes"),
+            speculator=speculator("A", 9.0),
+            agent=deepeyes_agent(answer="B"),
+            store=image_store,
+        ).compile(checkpointer=checkpointer)
+
+    data = base64.b64encode(open(scene, "rb").read()).decode()
+    pasted = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
+    cfg = {"configurable": {"thread_id": "chat-1"}}
+    first = chat(store).invoke(
+        {"messages": [HumanMessage(content=[{"type": "text", "text": "tiny?"}, pasted])]}, cfg
+    )
+    assert first["route"] == "judged-agentic" and first["messages"][-1].content == "B"
+    second = chat(second_store).invoke({"messages": [HumanMessage(content="big?")]}, cfg)
+    assert second["error"] is None and second["route"] == "speculative"
+    assert [m.type for m in second["messages"]] == ["human", "ai", "human", "ai"]
+    assert second_store.decodes == 1  # it decoded the pasted image from the shared blobs
+
+
+@pytest.mark.postgres
+def test_postgres_checkpoints_hold_references_not_pixels(postgres_dsn, tmp_path):
+    """What the database holds after agentic runs with pasted images: the checkpoint tables
+    hold small rows (references), the images are in the blob table once each."""
+    import psycopg
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from psycopg_pool import ConnectionPool
+
+    from speceyes_tools import ImageStore, PostgresBlobs
+
+    scene = write_scene(tmp_path / "big.png", size=(2000, 1500), box=(100, 100, 300, 300))
+    data_url = "data:image/png;base64," + base64.b64encode(open(scene, "rb").read()).decode()
+    blobs = PostgresBlobs(postgres_dsn)
+    with ConnectionPool(postgres_dsn, kwargs={"autocommit": True, "prepare_threshold": 0}) as pool:
+        saver = PostgresSaver(pool)
+        saver.setup()
+        g = build((saver, ImageStore(blobs=blobs)))
+        for i in range(3):
+            out = g.invoke(
+                {"question": "tiny?", "images": [data_url]},
+                {"configurable": {"thread_id": f"p{i}"}},
+            )
+            assert out["answer"] == "B"
+    with psycopg.connect(postgres_dsn) as conn:
+        for table, column in [
+            ("checkpoints", "checkpoint"),
+            ("checkpoint_blobs", "blob"),
+            ("checkpoint_writes", "blob"),
+        ]:
+            largest = conn.execute(
+                f"SELECT coalesce(max(length({column}::text)), 0) FROM {table}"
+            ).fetchone()[0]
+            assert largest < 60_000, (table, largest)
+            leaked = conn.execute(
+                f"SELECT count(*) FROM {table} WHERE position('iVBOR' in {column}::text) > 0"
+                f" OR position('data:image' in {column}::text) > 0"
+            ).fetchone()[0]
+            assert leaked == 0, table
+        stored = conn.execute("SELECT count(*), sum(size) FROM speceyes_blobs").fetchone()
+    # the pasted image once (three threads sent the same bytes), its model view, the crop
+    assert stored[0] == 3 and stored[1] > len(open(scene, "rb").read())
+    blobs.close()

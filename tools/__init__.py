@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .blobs import BlobStore, DirectoryBlobs, MemoryBlobs
+from .blobs import (
+    BlobStore,
+    DirectoryBlobs,
+    FsspecBlobs,
+    MemoryBlobs,
+    PostgresBlobs,
+    blobs_from_url,
+)
 from .deadlines import DeadlineExceeded, call_with_deadline, deadline_scope
 from .geometry import BoxError, Coordinates, PixelBox, clamp_box, parse_box, to_original
 from .images import (
@@ -62,6 +69,9 @@ __all__ = [
     "Coordinates",
     "DeadlineExceeded",
     "DirectoryBlobs",
+    "FsspecBlobs",
+    "PostgresBlobs",
+    "blobs_from_url",
     "ImageLoadError",
     "ImagePolicy",
     "ImagePolicyError",
