@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from langchain_core.callbacks import BaseCallbackManager
@@ -24,7 +25,6 @@ from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMes
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import set_config_context
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
-from langgraph.channels import UntrackedValue
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from pydantic import BaseModel, Field
@@ -37,7 +37,13 @@ from .messages import dehydrate, image_ref
 from .protocol import message_text
 from .state import AgentStep, Draft, Route, SpecEyesContext
 
-__all__ = ["SpecEyesChatState", "create_speceyes_chat_graph", "speceyes_tool", "split_options"]
+__all__ = [
+    "SpecEyesChatState",
+    "chat_query",
+    "create_speceyes_chat_graph",
+    "speceyes_tool",
+    "split_options",
+]
 
 
 class SpecEyesChatState(TypedDict, total=False):
@@ -47,10 +53,6 @@ class SpecEyesChatState(TypedDict, total=False):
     draft: Draft | None
     agent_steps: list[AgentStep]
     error: str | None
-    # the query of this turn, read from the messages: never checkpointed
-    question: Annotated[str | None, UntrackedValue(str, guard=False)]
-    options: Annotated[list[str] | None, UntrackedValue(list, guard=False)]
-    images: Annotated[list[str] | None, UntrackedValue(list, guard=False)]
 
 
 class _ChatInput(TypedDict):
@@ -136,6 +138,24 @@ def _without_message_stream(config: RunnableConfig) -> RunnableConfig:
     return {**config, "callbacks": kept}
 
 
+def chat_query(messages: Sequence[BaseMessage]) -> dict[str, Any] | None:
+    """The SpecEyes query of a chat turn, or None when there is no question: the last human
+    message's text (:func:`split_options`) and its images, else the latest images of the
+    conversation (a follow-up question)."""
+    humans = [m for m in messages if isinstance(m, HumanMessage)]
+    if not humans:
+        return None
+    question, options = split_options(message_text(humans[-1]))
+    if not question:
+        return None
+    images: list[str] = []
+    for message in reversed(humans):
+        images = [r for r in map(_block_reference, _image_blocks(message)) if r]
+        if images:
+            break
+    return {"question": question, "images": images, "options": options}
+
+
 def _image_blocks(message: BaseMessage) -> list[dict]:
     content = message.content if isinstance(message.content, list) else []
     return [b for b in content if isinstance(b, dict) and b.get("type") in ("image", "image_url")]
@@ -164,31 +184,21 @@ def create_speceyes_chat_graph(
     speceyes = create_speceyes_graph(store=store, **graph_kwargs).compile(name="speceyes")
 
     def ask(state: SpecEyesChatState) -> dict[str, Any]:
-        messages = list(state.get("messages") or [])
+        messages = state.get("messages") or []
         last = next((m for m in reversed(messages) if isinstance(m, HumanMessage)), None)
         if last is None:
-            return {"question": None, "options": None, "images": None}
-        question, options = split_options(message_text(last))
-        update: dict[str, Any] = {"question": question, "options": options}
+            return {}
         try:
             kept = dehydrate(last, store)  # pasted pixels -> blob references, same message id
         except Exception:
-            kept = last  # undecodable data: the query will fail on it with a clear error
-        if kept is not last:
-            update["messages"] = [kept]
-        images = [r for r in map(_block_reference, _image_blocks(kept)) if r]
-        if not images:  # a follow-up question: the latest image in the conversation
-            for m in reversed(messages):
-                found = [r for r in map(_block_reference, _image_blocks(m)) if r]
-                if isinstance(m, HumanMessage) and found:
-                    images = found
-                    break
-        update["images"] = images
-        return update
+            return {}  # undecodable data: the query will fail on it with a clear error
+        return {"messages": [kept]} if kept is not last else {}
 
     def answer(state: SpecEyesChatState, config: RunnableConfig) -> dict[str, Any]:
-        question = state.get("question")
-        if not question:
+        # the query is read from the checkpointed messages, so a run resumed here (on another
+        # worker, after a crash) asks the same question
+        query = chat_query(state.get("messages") or [])
+        if query is None:
             reply = AIMessage(content="Ask a question about an image (attach the image).")
             return {
                 "messages": [reply],
@@ -197,14 +207,13 @@ def create_speceyes_chat_graph(
                 "agent_steps": [],
                 "error": None,
             }
-        query = {
-            "question": question,
-            "images": state.get("images") or [],
-            "options": state.get("options"),
-        }
         inner = _without_message_stream(config)
         with set_config_context(inner) as context:  # the ambient config too: LangGraph merges it
-            out = context.run(speceyes.invoke, query, inner)
+            # Without checkpoints of its own: the chat thread's checkpoints hold the turn (its
+            # question is in the messages), and a resumed turn runs the query again from
+            # intake. `speceyes` itself stays the subgraph that xray drawings and Studio show.
+            run = speceyes.copy(update={"checkpointer": False})
+            out = context.run(run.invoke, query, inner)
         draft = out.get("draft") or {}
         meta = {"speceyes": {"route": out.get("route"), "score": draft.get("score")}}
         text = _spelled_out(out.get("answer"), query["options"]) or (

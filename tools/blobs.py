@@ -340,7 +340,9 @@ class PostgresBlobs(_Pruned):
         self.pool = ConnectionPool(
             dsn, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=True
         )
-        with self.pool.connection() as conn:
+        with self.pool.connection() as conn, conn.transaction():
+            # workers starting together: one creates the table, the others wait and see it
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (table,))
             conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {table} ("
                 " key text PRIMARY KEY, data bytea NOT NULL, size integer NOT NULL,"
