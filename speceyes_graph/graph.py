@@ -407,6 +407,9 @@ def create_speceyes_graph(
             return {"draft": draft, "timings": {"speculate": time.perf_counter() - t0}}
         gate_config = RunSettings(**settings).gate(gate)
         draft = {"text": message_text(reply).strip(), **score_draft(reply, gate_config)}
+        batch_size = (getattr(reply, "response_metadata", None) or {}).get("batch_size")
+        if isinstance(batch_size, int):
+            draft["batch_size"] = batch_size
         if not draft["text"]:
             draft.update(accepted=False, error=draft.get("error") or "the draft is empty")
         return {"draft": draft, "timings": {"speculate": time.perf_counter() - t0}}

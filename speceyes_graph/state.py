@@ -78,6 +78,7 @@ class Draft(TypedDict, total=False):
     error: str | None  # why no score could be computed (then accepted is False)
     note: str | None  # e.g. scored with fewer than K competitors (GateConfig(clamp=True))
     discarded: bool  # drafted beside the judge, which then asked for tools (note says how)
+    batch_size: int  # requests in the speculator's generate call (local models report it)
 
 
 class AgentStep(TypedDict, total=False):

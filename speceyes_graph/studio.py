@@ -25,7 +25,9 @@ under ``SPECEYES_BLOB_DIR`` (default ``.langgraph_api/speceyes-blobs``), bounded
 ``SPECEYES_BLOB_MAX_MB`` (2048) and ``SPECEYES_BLOB_MAX_AGE_H``, and a failed query fails
 its run (``SPECEYES_ON_ERROR=record`` returns it with ``error`` set instead).
 ``SPECEYES_TAU``, ``SPECEYES_TOP_K`` and ``SPECEYES_TOOLS`` set defaults; each run may
-override the gate, mode and deadlines through its context. Imports are absolute because the
+override the gate, mode and deadlines through its context. ``SPECEYES_BATCH_SIZE`` (16)
+bounds a local model's batches; the server runs at most ``--n-jobs-per-worker`` runs at
+once per worker, which bounds them too (docs/deployment.md, "Scale out"). Imports are absolute because the
 LangGraph CLI loads this file by path.
 """
 
@@ -89,21 +91,25 @@ def served_models() -> dict[str, Any]:
             agent = models["agent"].model_copy(update={"max_tokens": DEMO_TURN_TOKENS})
             return {**DEMO_GRAPH_SETTINGS, **common, **models, "agent": agent}
         return {**common, **models}
+    batch = int(env("SPECEYES_BATCH_SIZE", "16"))  # local models: requests per generate call
     if env("SPECEYES_SMALL_PATH") and env("SPECEYES_LARGE_PATH"):
         from speceyes_graph.models import ChatTransformersVLM
 
         return {
             **common,
             "speculator": ChatTransformersVLM(
-                model=env("SPECEYES_SMALL_PATH"), top_logprobs=gate.k, max_new_tokens=20
+                model=env("SPECEYES_SMALL_PATH"),
+                top_logprobs=gate.k,
+                max_new_tokens=20,
+                max_batch_size=batch,
             ),
-            "agent": ChatTransformersVLM(model=env("SPECEYES_LARGE_PATH")),
+            "agent": ChatTransformersVLM(model=env("SPECEYES_LARGE_PATH"), max_batch_size=batch),
         }
     if env("SPECEYES_MODELS") == "example":
         return example_models()
     from speceyes_graph.demo import DEMO_GRAPH_SETTINGS, demo_models
 
-    models = demo_models()
+    models = demo_models(batch_size=batch)
     return {
         **DEMO_GRAPH_SETTINGS,
         **common,

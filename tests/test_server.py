@@ -31,9 +31,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def dev_server(tmp_path_factory, **settings):
-    """``langgraph dev`` on a free loopback port with only ``settings`` of the SPECEYES_*
-    environment; yields its URL and stops it (and everything it started)."""
+def dev_server(tmp_path_factory, *args, **settings):
+    """``langgraph dev`` on a free loopback port (extra command-line ``args``) with only
+    ``settings`` of the SPECEYES_* environment; yields its URL and stops it (and everything
+    it started)."""
     import httpx
 
     port = free_port()
@@ -48,7 +49,7 @@ def dev_server(tmp_path_factory, **settings):
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "langgraph_cli", "dev", "--port", str(port),
-            "--host", "127.0.0.1", "--no-browser", "--no-reload",
+            "--host", "127.0.0.1", "--no-browser", "--no-reload", *args,
         ],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
@@ -271,3 +272,37 @@ def test_the_served_graphs_run_on_vllm(vllm_dev_server, scenes):
             expected["route"],
             expected["answer"],
         )
+
+
+def concurrent_draft_batches(url, scenes, n_runs):
+    """Batch sizes of the speculator's calls when ``n_runs`` runs are sent at once (mode
+    ``small``: every run drafts at once, so the drafts can meet in one generate call)."""
+    from langgraph_sdk import get_sync_client
+
+    client = get_sync_client(url=url)
+    started = []
+    for i in range(n_runs):
+        thread = client.threads.create()["thread_id"]
+        inputs = scenes[i % len(scenes)][0]
+        run = client.runs.create(thread, "speceyes", input=inputs, context={"mode": "small"})
+        started.append((thread, run["run_id"]))
+    outs = [client.runs.join(thread, run_id) for thread, run_id in started]
+    assert all(o["error"] is None and o["route"] == "draft-only" for o in outs), outs[0]
+    return [o["draft"]["batch_size"] for o in outs]
+
+
+@pytest.fixture(scope="module")
+def wide_server(tmp_path_factory):
+    """The demo checkpoints behind a server allowed 32 runs at once, in batches up to 32."""
+    yield from dev_server(tmp_path_factory, "--n-jobs-per-worker", "32", SPECEYES_BATCH_SIZE="32")
+
+
+def test_the_servers_job_limit_bounds_a_local_models_batches(wide_server, server, scenes):
+    """How many runs meet in one generate call is bounded by the server: `langgraph dev`
+    runs one job at a time unless given --n-jobs-per-worker (measured: batches of 1), and
+    the sync nodes then share the event loop's thread pool (min(32, CPUs + 4) threads:
+    batches of 6 on 2 CPUs with 32 jobs allowed). docs/deployment.md, "Scale out"."""
+    default = concurrent_draft_batches(server, scenes, 24)
+    wide = concurrent_draft_batches(wide_server, scenes, 24)
+    assert max(default) == 1, default
+    assert max(wide) >= 4, wide

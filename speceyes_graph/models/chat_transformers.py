@@ -430,6 +430,8 @@ class ChatTransformersVLM(BaseChatModel):
                     n_prompt, prepared[b].get("prefix", ""),
                 )
             )  # fmt: skip
+        for message in results:  # visible in traces and drafts: how well calls batched
+            message.response_metadata["batch_size"] = len(prepared)
         return results
 
     def _own_stream(self) -> Any:
