@@ -5,6 +5,7 @@ import asyncio
 import json
 import threading
 import time
+from collections import Counter
 
 import pytest
 from conftest import write_scene
@@ -282,3 +283,50 @@ def test_max_retries_retries_a_failed_generation(processor, scene):
     failures["left"] = 1
     with pytest.raises(RuntimeError, match="out of memory"):
         scripted_chat_model(processor, flaky).invoke(ask(scene))
+
+
+def test_ainvoke_awaits_the_batch_worker(tiny_models, tmp_path, monkeypatch):
+    """Concurrent ainvoke calls meet in the same generate calls as invoke's do and return the
+    same replies, without a thread blocked per call (the sync path is never used)."""
+    model = ChatTransformersVLM(model=str(tiny_models["small"]), max_tokens=4, top_logprobs=4)
+    scenes = [
+        write_scene(tmp_path / f"s{i}.png", box=(10 * i, 10, 10 * i + 80, 90)) for i in range(6)
+    ]
+    expected = model.batch([ask(s) for s in scenes])
+    monkeypatch.setattr(ChatTransformersVLM, "_call", lambda *a, **k: pytest.fail("sync wait"))
+
+    async def all_at_once():
+        return await asyncio.gather(*(model.ainvoke(ask(s)) for s in scenes))
+
+    before = dict(model.scheduler.stats.sizes)
+    got = asyncio.run(all_at_once())
+    assert [m.content for m in got] == [m.content for m in expected]
+    for a, b in zip(got, expected, strict=True):  # batches may split differently: padding
+        la = [t["logprob"] for t in a.response_metadata["logprobs"]["content"]]
+        lb = [t["logprob"] for t in b.response_metadata["logprobs"]["content"]]
+        assert la == pytest.approx(lb, abs=1e-4)
+    sizes = model.scheduler.stats.sizes - Counter(before)
+    assert max(sizes) > 1, sizes  # they batched
+    # each reply names the size of the generate call it came from
+    assert Counter(m.response_metadata["batch_size"] for m in got) == {
+        n: n * count for n, count in sizes.items()
+    }
+
+
+def test_a_cancelled_ainvoke_leaves_the_queue(processor, scene):
+    """A task cancelled while its request waits for a batch drops the request."""
+    slow = scripted_chat_model(processor, lambda p: "x " * 20, delay_s=0.05)
+
+    async def cancel_the_second():
+        first = asyncio.ensure_future(slow.ainvoke(ask(scene)))
+        await asyncio.sleep(0.2)  # the first batch is running
+        second = asyncio.ensure_future(slow.ainvoke(ask(scene)))
+        await asyncio.sleep(0.1)
+        second.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        return await first
+
+    assert asyncio.run(cancel_the_second()).content.startswith("x")
+    stats = slow.scheduler.stats
+    assert stats.requests == 1  # the cancelled one never reached generate

@@ -166,16 +166,16 @@ def test_tool_calls_are_parsed_from_text_when_tools_are_bound(tiny_chat):
     text = '<think>look</think><tool_call>\n{"name": "zoom", "arguments": {"bbox": [1, 2, 30, 40]}}\n</tool_call>'
     ids = tok.encode(text) + [tok.convert_tokens_to_ids("<|im_end|>")]
     eos = {tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id}
-    msg = large._decode(0, ids, eos, (), None, tools=True)
+    msg = large.generation.decode(0, ids, eos, (), None, tools=True)
     assert (
         msg.content == text
         and msg.tool_calls[0]["name"] == "zoom"
         and msg.tool_calls[0]["args"]["bbox"] == [1, 2, 30, 40]
     )
     assert msg.response_metadata["finish_reason"] == "stop"
-    plain = large._decode(0, ids, eos, (), None, tools=False)
+    plain = large.generation.decode(0, ids, eos, (), None, tools=False)
     assert not plain.tool_calls  # without bound tools the text is left alone
-    cut = large._decode(0, ids, eos, ("</tool_call>",), None, tools=True)
+    cut = large.generation.decode(0, ids, eos, ("</tool_call>",), None, tools=True)
     assert cut.content.endswith("}\n") and cut.tool_calls  # stop string removed, call still parsed
 
 

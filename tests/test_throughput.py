@@ -420,15 +420,15 @@ def test_rows_with_their_own_lengths_and_stops_match_their_own_batches(tiny_chat
     large = tiny_chat["large"]
     prepared = [large._prepare([HumanMessage(content=t)]) for t in ("a red cube", "two blue dots")]
     long_key, _ = large._settings(None, {"max_tokens": 12})
-    alone = large._run_batch(long_key, prepared)
+    alone = large.generation.run_batch(long_key, prepared)
     text = alone[1].content
     assert len(text) > 3
     stop = text[1:3]  # a stop string the second row is known to produce
     short_key, _ = large._settings([stop], {"max_tokens": 12})
     shorter_key, _ = large._settings(None, {"max_tokens": 4})
     for row_key in (short_key, shorter_key):
-        same = large._run_batch(row_key, prepared)  # both rows with the second one's settings
-        mixed = large._run_batch(RowKeys([long_key, row_key]), prepared)
+        same = large.generation.run_batch(row_key, prepared)  # both rows with the second one's settings
+        mixed = large.generation.run_batch(RowKeys([long_key, row_key]), prepared)
         assert mixed[0].content == alone[0].content
         assert mixed[0].response_metadata == alone[0].response_metadata
         assert mixed[1].content == same[1].content

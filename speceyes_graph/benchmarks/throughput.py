@@ -144,7 +144,7 @@ def _raw(phase, model, queries, prompts, max_tokens, store) -> tuple[float, floa
     t1 = time.perf_counter()
     size = model.scheduler.max_batch_size  # the graph's batches are this big too
     for i in range(0, len(prepared), size):
-        model._run_batch(key, prepared[i : i + size])
+        model.generation.run_batch(key, prepared[i : i + size])
     return t1 - t0, time.perf_counter() - t1
 
 

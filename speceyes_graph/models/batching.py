@@ -218,7 +218,12 @@ class BatchScheduler:
             raise DeadlineExceeded("the deadline passed while waiting for a batch") from None
 
     async def acall(self, key: Hashable, payload: Any) -> Any:
+        """:meth:`call` for a coroutine: awaits the worker (no thread waits); a cancelled
+        task drops its request if it is still queued."""
         future = self.submit(key, payload)
+        scope = _CANCEL_SCOPE.get()
+        if scope is not None:
+            scope.add(future)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), time_left())
         except asyncio.TimeoutError:

@@ -19,6 +19,7 @@ thread of their own, so a stream never holds up the batch worker.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import queue
@@ -27,11 +28,10 @@ import time
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Any, ClassVar
 
-from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.chat_models import LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
-from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list
@@ -42,11 +42,11 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 from speceyes_tools.deadlines import DeadlineExceeded, cpu_work, deadline_scope, time_left
 from speceyes_tools.images import ResizeSpec
 
-from ..protocol import parse_deepeyes
-from .batching import BatchScheduler, RowKeys
+from .batching import BatchScheduler
 from .conversion import convert_messages, special_token_escaper
 from .families import processor_resize
-from .image_cache import CachedImageProcessor, CachedVisionEncoder, image_keys, vision_keys
+from .generation import BatchedGeneration, TokenStreamer, can_join
+from .image_cache import CachedImageProcessor, CachedVisionEncoder, image_keys
 
 __all__ = ["ChatTransformersVLM"]
 
@@ -123,8 +123,7 @@ class ChatTransformersVLM(BaseChatModel):
     _processor: Any = PrivateAttr(default=None)
     _scheduler: BatchScheduler | None = PrivateAttr(default=None)
     _escape: Any = PrivateAttr(default=None)
-    _pieces: dict[int, str] = PrivateAttr(default_factory=dict)
-    _stream: Any = PrivateAttr(default=None)
+    _generation: BatchedGeneration | None = PrivateAttr(default=None)
     # preparation shares the process-wide CPU gate with image work, earliest deadline first
     _preparing: Any = PrivateAttr(default_factory=cpu_work)
 
@@ -186,11 +185,14 @@ class ChatTransformersVLM(BaseChatModel):
             merge = int(getattr(visual, "spatial_merge_size", 1) or 1)
             base.get_image_features = CachedVisionEncoder(encode, merge, self.vision_cache_bytes)
         self._escape = special_token_escaper(self._processor.tokenizer)
+        self._generation = BatchedGeneration(
+            self._hf_model, self._processor, self.model, self.parse_tool_calls
+        )
         self._scheduler = BatchScheduler(
-            self._run_batch,
+            self._generation.run_batch,
             max_batch_size=self.max_batch_size,
             max_wait_s=self.max_wait_ms / 1000,
-            can_join=_can_join if self.join_batches else None,
+            can_join=can_join if self.join_batches else None,
             name=f"batcher:{self.model}",
         )
 
@@ -233,6 +235,11 @@ class ChatTransformersVLM(BaseChatModel):
     @property
     def processor(self) -> Any:
         return self._processor
+
+    @property
+    def generation(self) -> BatchedGeneration:
+        """The batched ``generate`` path (what the batch worker runs on each batch)."""
+        return self._generation
 
     @property
     def scheduler(self) -> BatchScheduler:
@@ -351,173 +358,6 @@ class ChatTransformersVLM(BaseChatModel):
 
     # --- generation (the batch worker, or a streaming thread) ----------------------------------
 
-    def _collate(self, prepared: Sequence[dict]) -> dict:
-        import torch
-
-        pad_id = self._processor.tokenizer.pad_token_id
-        lengths = [p["inputs"]["input_ids"].shape[1] for p in prepared]
-        longest = max(lengths)
-        batch: dict[str, Any] = {}
-        keys = {k for p in prepared for k in p["inputs"]}
-        for key in keys:
-            values = [p["inputs"].get(key) for p in prepared]
-            first = next(v for v in values if v is not None)
-            sequence_aligned = all(
-                v is not None and v.ndim == 2 and v.shape[1] == n
-                for v, n in zip(values, lengths, strict=True)
-            )
-            if sequence_aligned:
-                fill = pad_id if key == "input_ids" else 0
-                padded = first.new_full((len(prepared), longest), fill)
-                for i, (v, n) in enumerate(zip(values, lengths, strict=True)):
-                    padded[i, longest - n :] = v[0]
-                batch[key] = padded
-            else:  # pixel values and grids: concatenated in request order
-                batch[key] = torch.cat([v for v in values if v is not None], dim=0)
-        device = self._hf_model.device
-        return {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
-
-    def _run_batch(self, key: Hashable, prepared: Sequence[dict], streamer: Any = None) -> list:
-        import torch
-
-        # one key for the batch, or one per row (requests that joined: see _can_join)
-        rows = list(key) if isinstance(key, RowKeys) else [key] * len(prepared)
-        max_new = max(k[0] for k in rows)
-        _, top_k, _, temperature = rows[0]
-        tokenizer = self._processor.tokenizer
-        inputs = self._collate(prepared)
-        gen_kwargs: dict[str, Any] = {
-            "max_new_tokens": max_new,
-            "return_dict_in_generate": True,
-            "output_logits": bool(top_k),
-            "pad_token_id": tokenizer.pad_token_id,
-        }
-        if temperature > 0:
-            gen_kwargs.update(do_sample=True, temperature=temperature)
-        else:
-            gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        prompt_len = inputs["input_ids"].shape[1]
-        if len(set(rows)) == 1:
-            if rows[0][2]:
-                gen_kwargs.update(stop_strings=list(rows[0][2]), tokenizer=tokenizer)
-        else:  # each row stops at its own stop strings and length
-            gen_kwargs["stopping_criteria"] = _row_stopping(rows, prompt_len, tokenizer)
-        if streamer is not None:
-            gen_kwargs["streamer"] = streamer
-        images = [k for p in prepared for k in p.get("image_keys", ())]
-        with torch.inference_mode(), self._own_stream(), vision_keys(images):
-            out = self._hf_model.generate(**inputs, **gen_kwargs)
-            generated = out.sequences[:, prompt_len:].tolist()
-            step_top = None
-            if top_k:  # per step: log-softmax of the raw logits, top-K only (never [B, T, V])
-                step_top = []
-                for t, logits in enumerate(out.logits):
-                    logprobs = torch.log_softmax(logits.float(), dim=-1)
-                    values, ids = torch.topk(logprobs, int(top_k), dim=-1)
-                    chosen = out.sequences[:, prompt_len + t, None]  # the token each row took
-                    picked = logprobs.gather(-1, chosen)[:, 0]
-                    step_top.append((values.cpu(), ids.cpu(), picked.cpu()))
-        eos = set(_as_list(self._hf_model.generation_config.eos_token_id)) | {
-            tokenizer.pad_token_id
-        }
-        results = []
-        for b, tokens in enumerate(generated):
-            n_prompt = int(prepared[b]["inputs"]["input_ids"].shape[1])
-            row_max, _, row_stops, _ = rows[b]
-            results.append(
-                self._decode(
-                    b, tokens[:row_max], eos, row_stops, step_top, prepared[b]["tools"],
-                    n_prompt, prepared[b].get("prefix", ""),
-                )
-            )  # fmt: skip
-        for message in results:  # visible in traces and drafts: how well calls batched
-            message.response_metadata["batch_size"] = len(prepared)
-        return results
-
-    def _own_stream(self) -> Any:
-        """On a GPU, this model's own CUDA stream: the small model's drafts and the large
-        model's judge calls (two workers) then run side by side instead of queueing on the
-        default stream. A no-op elsewhere."""
-        import contextlib
-
-        import torch
-
-        device = getattr(self._hf_model, "device", None)
-        if device is None or device.type != "cuda":
-            return contextlib.nullcontext()
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device=device)
-        return torch.cuda.stream(self._stream)
-
-    def _token_text(self, token_id: int) -> str:
-        """One token's text, as ``decode([id])`` gives it; cached, since top-K log-probs
-        decode 64 tokens per step and per row."""
-        text = self._pieces.get(token_id)
-        if text is None:
-            text = self._processor.tokenizer.decode([token_id], skip_special_tokens=False)
-            if len(self._pieces) < 1 << 20:
-                self._pieces[token_id] = text
-        return text
-
-    def _decode(
-        self,
-        b: int,
-        tokens: list[int],
-        eos: set,
-        stops: tuple,
-        step_top,
-        tools: bool,
-        n_prompt: int = 0,
-        prefix: str = "",
-    ) -> AIMessage:
-        """One reply: up to the first eos, stop strings cut (OpenAI semantics), log-probs,
-        usage, and tool calls parsed when tools were declared. ``prefix`` is the forced
-        start of the reply (``tool_choice``), which the reply text includes."""
-        tokenizer = self._processor.tokenizer
-        n = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))  # to first eos/pad
-        finish = "stop" if n < len(tokens) else "length"
-        tokens = tokens[:n]
-        piece = self._token_text
-        pieces = [piece(t) for t in tokens]
-        text = tokenizer.decode(tokens, skip_special_tokens=True)
-        kept = len(tokens)
-        for s in stops:  # OpenAI semantics: the stop string is not part of the reply
-            cut = text.find(s)
-            if cut >= 0:
-                text = text[:cut]
-                finish = "stop"
-                acc, kept = "", 0
-                for piece in pieces:
-                    if len(acc) >= cut:
-                        break
-                    acc += piece
-                    kept += 1
-        metadata: dict[str, Any] = {"model_name": self.model, "finish_reason": finish}
-        if step_top is not None:
-            content = []
-            for t in range(kept):
-                values, ids, picked = step_top[t]
-                top = [
-                    {"token": piece(i), "logprob": v}
-                    for v, i in zip(values[b].tolist(), ids[b].tolist(), strict=True)
-                ]
-                content.append(
-                    {"token": pieces[t], "logprob": float(picked[b]), "top_logprobs": top}
-                )
-            metadata["logprobs"] = {"content": content}
-        usage = UsageMetadata(
-            input_tokens=n_prompt, output_tokens=kept, total_tokens=n_prompt + kept
-        )
-        text = prefix + text
-        calls = []
-        if tools and self.parse_tool_calls and "<tool_call>" in text:
-            parsed = parse_deepeyes(text)
-            if parsed.answer is None:
-                calls = parsed.tool_calls
-        return AIMessage(
-            content=text, tool_calls=calls, response_metadata=metadata, usage_metadata=usage
-        )
-
     # --- LangChain entry points ----------------------------------------------------------------
 
     def batch(
@@ -552,6 +392,30 @@ class ChatTransformersVLM(BaseChatModel):
                     retries -= 1
                     log.warning("generation failed; retrying (%d left)", retries)
 
+    async def _acall(self, key: Hashable, prepared: dict) -> AIMessage:
+        """:meth:`_call` awaiting the batch worker instead of blocking a thread on it."""
+        with deadline_scope(None if self.timeout is None else time.time() + self.timeout):
+            retries = self.max_retries
+            while True:
+                try:
+                    return await self.scheduler.acall(key, prepared)
+                except DeadlineExceeded:
+                    raise
+                except Exception:
+                    if retries == 0:
+                        raise
+                    retries -= 1
+                    log.warning("generation failed; retrying (%d left)", retries)
+
+    def _prepare_request(self, key: Hashable, messages: list[BaseMessage], request: dict) -> dict:
+        """Prepare one request under the CPU gate; a failure withdraws its announcement."""
+        try:
+            with self._preparing("request preparation"):
+                return self._prepare(messages, **request)
+        except BaseException:
+            self.scheduler.expect(key, -1)
+            raise
+
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -565,13 +429,26 @@ class ChatTransformersVLM(BaseChatModel):
         # announce), so that a batch being formed waits for it; withdraw it if it will not come.
         if not announced:
             self.scheduler.expect(key)
-        try:
-            with self._preparing("request preparation"):
-                prepared = self._prepare(messages, **request)
-        except BaseException:
-            self.scheduler.expect(key, -1)
-            raise
+        prepared = self._prepare_request(key, messages, request)
         message = self._call(key, prepared)
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        """:meth:`_generate` for ``ainvoke``: the preparation (chat template, processor: CPU
+        work) runs in the event loop's executor, then the call awaits the batch worker, so
+        a thousand calls in flight hold no thread each. Same batches, same replies."""
+        announced = kwargs.pop("announced", False)
+        key, request = self._settings(stop, kwargs)
+        if not announced:
+            self.scheduler.expect(key)
+        prepared = await asyncio.to_thread(self._prepare_request, key, messages, request)
+        message = await self._acall(key, prepared)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _should_stream(self, *, async_api: bool, run_manager=None, **kwargs: Any) -> bool:
@@ -607,11 +484,11 @@ class ChatTransformersVLM(BaseChatModel):
         stops: tuple = key[2]  # type: ignore[index]
         tokens: queue.SimpleQueue = queue.SimpleQueue()
         result: dict[str, Any] = {}
-        streamer = _TokenStreamer(tokens)
+        streamer = TokenStreamer(tokens)
 
         def generate() -> None:
             try:
-                result["message"] = self._run_batch(key, [prepared], streamer)[0]
+                result["message"] = self._generation.run_batch(key, [prepared], streamer)[0]
             except BaseException as exc:  # handed to the consumer below
                 result["error"] = exc
             finally:
@@ -668,62 +545,3 @@ class ChatTransformersVLM(BaseChatModel):
                 chunk_position="last",
             )
         )
-
-
-class _TokenStreamer:
-    """The smallest ``transformers`` streamer: generated token ids into a queue (the first
-    ``put`` is the prompt, which is skipped)."""
-
-    def __init__(self, tokens: queue.SimpleQueue):
-        self.tokens = tokens
-        self.prompt_seen = False
-
-    def put(self, value: Any) -> None:
-        if not self.prompt_seen:
-            self.prompt_seen = True
-            return
-        self.tokens.put([int(t) for t in value.reshape(-1).tolist()])
-
-    def end(self) -> None:
-        pass
-
-
-def _can_join(batch_key: Hashable, key: Hashable) -> bool:
-    """Whether a request with ``key`` may join a batch formed for ``batch_key``: both greedy
-    with the same log-prob setting, and it wants no more new tokens (so the batch runs no
-    longer for it). Stop strings may differ: each row stops at its own."""
-    max_new, top_k, _, temperature = batch_key  # type: ignore[misc]
-    other_max, other_top_k, _, other_temperature = key  # type: ignore[misc]
-    return temperature == other_temperature == 0.0 and top_k == other_top_k and other_max <= max_new
-
-
-def _row_stopping(rows: Sequence[tuple], prompt_len: int, tokenizer: Any) -> Any:
-    """Stopping criteria for a batch whose rows have their own stop strings and lengths."""
-    import torch
-    from transformers import StoppingCriteria, StoppingCriteriaList, StopStringCriteria
-
-    class Rows(StoppingCriteria):
-        def __init__(self, inner: Any, mask: list[bool]):
-            self.inner, self.mask = inner, torch.tensor(mask)
-
-        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-            return self.inner(input_ids, scores, **kwargs) & self.mask.to(input_ids.device)
-
-    class RowLengths(StoppingCriteria):
-        def __init__(self, lengths: list[int]):
-            self.lengths = torch.tensor(lengths)
-
-        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-            return (input_ids.shape[1] - prompt_len) >= self.lengths.to(input_ids.device)
-
-    criteria = StoppingCriteriaList([RowLengths([k[0] for k in rows])])
-    for stops in {k[2] for k in rows if k[2]}:
-        mask = [k[2] == stops for k in rows]
-        criteria.append(Rows(StopStringCriteria(tokenizer, list(stops)), mask))
-    return criteria
-
-
-def _as_list(x: Any) -> list:
-    if x is None:
-        return []
-    return list(x) if isinstance(x, (list, tuple)) else [x]
