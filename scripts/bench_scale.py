@@ -175,6 +175,9 @@ def measure(label: str, run, n: int) -> dict:
         + (f"  routes {dict(routes)}" if routes else ""),
         flush=True,
     )
+    first_error = next((o["error"] for o in outs if isinstance(o, dict) and o.get("error")), None)
+    if first_error:
+        print(f"{'':<28} first error: {first_error[:300]}")
     return row
 
 
