@@ -246,8 +246,10 @@ class FsspecBlobs(_Pruned):
         **storage_options: Any,
     ):
         import fsspec
+        from fsspec.implementations.local import LocalFileSystem
 
         self.fs, self.root = fsspec.core.url_to_fs(url, **storage_options)
+        self._local = isinstance(self.fs, LocalFileSystem)  # a folder: writes need a rename
         self.root = self.root.rstrip("/")
         self.url = url
         self.max_bytes, self.max_age_s, self.prune_every = max_bytes, max_age_s, prune_every
@@ -262,7 +264,7 @@ class FsspecBlobs(_Pruned):
         path = self._path(key)
         if self.fs.exists(path):
             return
-        if getattr(self.fs, "protocol", None) in ("file", ("file", "local")):
+        if self._local:
             # a local folder: write aside and rename, so no reader sees half a file
             self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
             tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
