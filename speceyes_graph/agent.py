@@ -18,6 +18,7 @@ prompt, the same for every query, is added only when the model is called.
 
 from __future__ import annotations
 
+import asyncio
 import operator
 import time
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ from typing_extensions import TypedDict
 
 from speceyes_tools.deadlines import (
     DeadlineExceeded,
+    acall_with_deadline,
     call_with_deadline,
     check_deadline,
     deadline_scope,
@@ -44,6 +46,7 @@ from speceyes_tools.deadlines import (
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store, store_scope
 from speceyes_tools.python_tool import sandbox_image_path
 
+from .effects import Blocking, ModelCall, Steps, node, router
 from .messages import Protocol, bare_model, dehydrate, for_model, to_wire, user_message
 from .prompts import (
     NATIVE_AGENT_SYSTEM_PROMPT,
@@ -160,7 +163,20 @@ def create_agent_loop(
     def steps_allowed(state: AgentLoopState) -> int:
         return state.get("max_steps") or max_steps
 
-    def agent(state: AgentLoopState) -> dict[str, Any]:
+    def prepare(state: AgentLoopState, history: list[AnyMessage]) -> tuple[list, list, list]:
+        """(new messages, the transcript as the protocol sends it, as the model takes it)."""
+        new = [] if history else [
+            first_user_message(
+                protocol, prompts, state.get("question"), state.get("images"),
+                state.get("options"), resize, store,
+            )
+        ]  # fmt: skip
+        wire = to_wire(
+            history + new, protocol, prompts.tool_response_instruction, options.tool_response_text
+        )
+        return new, wire, [SystemMessage(content=system), *for_model(wire, model, store)]
+
+    def agent(state: AgentLoopState) -> Steps:
         started = state.get("started_at") or time.time()
         history = list(state.get("messages") or [])
         new: list[AnyMessage] = []
@@ -168,19 +184,7 @@ def create_agent_loop(
         try:
             with deadline_scope(state.get("deadline")), store_scope(store):
                 check_deadline("agent loop")
-                if not history:
-                    new.append(
-                        first_user_message(
-                            protocol, prompts, state.get("question"), state.get("images"),
-                            state.get("options"), resize, store,
-                        )  # fmt: skip
-                    )
-                wire = to_wire(
-                    history + new,
-                    protocol,
-                    prompts.tool_response_instruction,
-                    options.tool_response_text,
-                )
+                new, wire, messages = yield Blocking(prepare, (state, history))
                 extra = {}
                 if served and wire and isinstance(wire[-1], AIMessage):
                     extra["extra_body"] = {
@@ -189,14 +193,13 @@ def create_agent_loop(
                         "add_generation_prompt": False,
                     }
                 t0 = time.perf_counter()
-                reply = call_with_deadline(
-                    bound.invoke,
-                    [SystemMessage(content=system), *for_model(wire, model, store)],
+                reply = yield ModelCall(
+                    bound,
+                    messages,
+                    "agent model call",
                     timeout=state.get("model_timeout_s"),
-                    what="agent model call",
                     inline=getattr(model, "handles_deadlines", False),
-                    **stop,
-                    **extra,
+                    kwargs={**stop, **extra},
                 )
                 latency = time.perf_counter() - t0
         except Exception as exc:  # the model failed: this query fails, the batch goes on
@@ -287,13 +290,26 @@ def create_agent_loop(
                     what=f"tool {request.tool_call['name']}",
                 )
         except DeadlineExceeded as exc:
-            result = ToolMessage(
-                content=f"Error: {exc}",
-                tool_call_id=request.tool_call["id"],
-                name=request.tool_call["name"],
-                status="error",
-            )
+            result = _deadline_message(request, exc)
         return dehydrate(result, store) if isinstance(result, ToolMessage) else result
+
+    async def arun_tool(request, execute):
+        """``run_tool`` under ``ainvoke``: the tool runs in a worker thread (LangChain runs a
+        sync tool's ``ainvoke`` there), the result is moved into the store off the loop."""
+        state = request.state if isinstance(request.state, dict) else {}
+        try:
+            with deadline_scope(state.get("deadline")):
+                result = await acall_with_deadline(
+                    execute,
+                    request,
+                    timeout=state.get("tool_timeout_s"),
+                    what=f"tool {request.tool_call['name']}",
+                )
+        except DeadlineExceeded as exc:
+            result = _deadline_message(request, exc)
+        if isinstance(result, ToolMessage):
+            result = await asyncio.to_thread(dehydrate, result, store)
+        return result
 
     def finish(state: AgentLoopState) -> dict[str, Any]:
         steps = [dict(s) for s in state.get("steps") or []]
@@ -326,23 +342,30 @@ def create_agent_loop(
         }
 
     graph = StateGraph(AgentLoopState, input_schema=AgentLoopInput, output_schema=AgentLoopOutput)
-    graph.add_node("agent", agent)
+    graph.add_node("agent", node(agent))
     graph.add_node(
         "tools",
-        ToolNode(tools, handle_tool_errors=_tool_error, wrap_tool_call=run_tool)
+        ToolNode(
+            tools,
+            handle_tool_errors=_tool_error,
+            wrap_tool_call=run_tool,
+            awrap_tool_call=arun_tool,
+        )
         if tools
-        else _no_tools,
+        else node(_no_tools),
     )
-    graph.add_node("correct", correct)
-    graph.add_node("finish", finish)
+    graph.add_node("correct", node(correct))
+    graph.add_node("finish", node(finish))
     graph.add_edge(START, "agent")
     graph.add_conditional_edges(
         "agent",
-        route,
+        router(route),
         {"tool call": "tools", "malformed": "correct", "answer": "finish", "step limit": "finish"},
     )
     graph.add_edge("correct", "agent")
-    graph.add_conditional_edges("tools", after_tools, {"continue": "agent", "step limit": "finish"})
+    graph.add_conditional_edges(
+        "tools", router(after_tools), {"continue": "agent", "step limit": "finish"}
+    )
     graph.add_edge("finish", END)
     return graph
 
@@ -389,6 +412,15 @@ def emit_event(event: dict[str, Any]) -> None:
         pass
 
 
+def _deadline_message(request: Any, exc: DeadlineExceeded) -> ToolMessage:
+    return ToolMessage(
+        content=f"Error: {exc}",
+        tool_call_id=request.tool_call["id"],
+        name=request.tool_call["name"],
+        status="error",
+    )
+
+
 def _no_tools(state: AgentLoopState) -> dict[str, Any]:
     last = state["messages"][-1]
     return {
@@ -415,15 +447,22 @@ def tool_trace(artifact: dict) -> dict[str, Any]:
 def _attach_tool_results(steps: list[dict], messages: Sequence[AnyMessage]) -> None:
     """Copy each tool result's trace (box after clamping, latency, error) into its step."""
     results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
-    for step in steps:
-        for call in step.get("tool_calls", []):
-            tm = results.get(call.get("id"))
-            if tm is None:
-                continue
-            artifact = tm.artifact if isinstance(tm.artifact, dict) else {}
-            call.update({"box": None, "notes": None, "latency_s": None, **tool_trace(artifact)})
-            call["error"] = (
-                message_text(tm)
-                if tm.status == "error" or message_text(tm).startswith("Error")
-                else None
-            )
+    for step in steps:  # new dicts: the state's steps and the streamed events stay as they were
+        step["tool_calls"] = [
+            _with_result(c, results.get(c.get("id"))) for c in step.get("tool_calls", [])
+        ]
+
+
+def _with_result(call: dict, tm: ToolMessage | None) -> dict:
+    if tm is None:
+        return call
+    artifact = tm.artifact if isinstance(tm.artifact, dict) else {}
+    failed = tm.status == "error" or message_text(tm).startswith("Error")
+    return {
+        **call,
+        "box": None,
+        "notes": None,
+        "latency_s": None,
+        **tool_trace(artifact),
+        "error": message_text(tm) if failed else None,
+    }

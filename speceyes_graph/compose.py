@@ -32,6 +32,7 @@ from typing_extensions import TypedDict
 
 from speceyes_tools.images import ImageStore, default_store
 
+from .effects import Blocking, Steps, Subgraph, node
 from .graph import create_speceyes_graph
 from .messages import dehydrate, image_ref
 from .protocol import message_text
@@ -183,18 +184,19 @@ def create_speceyes_chat_graph(
     store = store or default_store()
     speceyes = create_speceyes_graph(store=store, **graph_kwargs).compile(name="speceyes")
 
-    def ask(state: SpecEyesChatState) -> dict[str, Any]:
+    def ask(state: SpecEyesChatState) -> Steps:
         messages = state.get("messages") or []
         last = next((m for m in reversed(messages) if isinstance(m, HumanMessage)), None)
         if last is None:
             return {}
         try:
-            kept = dehydrate(last, store)  # pasted pixels -> blob references, same message id
+            # pasted pixels -> blob references, same message id (a blob store write: off the loop)
+            kept = yield Blocking(dehydrate, (last, store))
         except Exception:
             return {}  # undecodable data: the query will fail on it with a clear error
         return {"messages": [kept]} if kept is not last else {}
 
-    def answer(state: SpecEyesChatState, config: RunnableConfig) -> dict[str, Any]:
+    def answer(state: SpecEyesChatState, config: RunnableConfig) -> Steps:
         # the query is read from the checkpointed messages, so a run resumed here (on another
         # worker, after a crash) asks the same question
         query = chat_query(state.get("messages") or [])
@@ -213,7 +215,7 @@ def create_speceyes_chat_graph(
             # question is in the messages), and a resumed turn runs the query again from
             # intake. `speceyes` itself stays the subgraph that xray drawings and Studio show.
             run = speceyes.copy(update={"checkpointer": False})
-            out = context.run(run.invoke, query, inner)
+            out = yield Subgraph(run, query, inner, context=context)
         draft = out.get("draft") or {}
         meta = {"speceyes": {"route": out.get("route"), "score": draft.get("score")}}
         text = _spelled_out(out.get("answer"), query["options"]) or (
@@ -233,8 +235,8 @@ def create_speceyes_chat_graph(
         output_schema=_ChatOutput,
         context_schema=SpecEyesContext,
     )
-    graph.add_node("ask", ask)
-    graph.add_node("answer", answer)
+    graph.add_node("ask", node(ask))
+    graph.add_node("answer", node(answer))
     graph.add_edge(START, "ask")
     graph.add_edge("ask", "answer")
     graph.add_edge("answer", END)

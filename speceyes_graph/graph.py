@@ -13,6 +13,12 @@ queued (it never reaches ``generate``) or discarded if it ran, and recorded
 (``draft["discarded"]``). The agent loop never sees it, so answers, routes and scores are
 those of the sequential funnel (``speculation="after_judge"``, the paper's).
 
+Every node has a synchronous and an asynchronous implementation from one body
+(:mod:`speceyes_graph.effects`): under ``ainvoke``/``abatch``/``astream`` and in the LangGraph
+server, model calls are awaited (``ainvoke``), parallel drafts are tasks and image work runs
+in worker threads, so a query in flight holds no thread; ``invoke``/``batch`` give the same
+results.
+
 Failures are data: every node catches its own failures and records them in ``error``, so
 one broken image, hung model or malformed reply fails that query only (or, with
 ``on_error="raise"``, fails that run, as a served graph wants). Every model call and the
@@ -22,6 +28,7 @@ query as a whole have deadlines. Model calls are tagged ``nostream``: with
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import threading
@@ -30,7 +37,6 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,14 +49,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Overwrite
 
-from speceyes_tools.deadlines import (
-    DeadlineExceeded,
-    call_with_deadline,
-    check_deadline,
-    deadline_scope,
-    start_in_background,
-    time_left,
-)
+from speceyes_tools.deadlines import DeadlineExceeded, check_deadline, deadline_scope, time_left
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store, store_scope
 
 from .agent import (
@@ -63,6 +62,7 @@ from .agent import (
     first_user_message,
     recursion_limit,
 )
+from .effects import Background, Blocking, Collect, ModelCall, Steps, Subgraph, node, router
 from .messages import Protocol, bare_model, for_model, user_message
 from .models.batching import CancelScope
 from .prompts import Prompts
@@ -102,7 +102,10 @@ _CLEAN_RUN: dict[str, Any] = {
 _AUTO_PROTOCOL = {("image_zoom_in_tool",): "deepeyes", ("python_sandbox",): "thyme"}
 THYME_TAU = 0.95  # the published threshold of the Thyme runs
 _FIRST_NODE = {
-    "agent": "agent_loop", "small": "speculate", "speceyes": "judge", "specreason": "specreason"
+    "agent": "agent_loop",
+    "small": "speculate",
+    "speceyes": "judge",
+    "specreason": "specreason",
 }  # by mode
 
 
@@ -213,9 +216,7 @@ def create_speceyes_graph(
     if speculation not in ("parallel", "after_judge"):
         raise ValueError(f"speculation must be 'parallel' or 'after_judge', got {speculation!r}")
     if mode not in ("speceyes", "agent", "small", "specreason"):
-        raise ValueError(
-            f"unknown mode {mode!r}; use 'speceyes', 'agent', 'small' or 'specreason'"
-        )
+        raise ValueError(f"unknown mode {mode!r}; use 'speceyes', 'agent', 'small' or 'specreason'")
     if on_error not in ("record", "raise"):
         raise ValueError(f"on_error must be 'record' or 'raise', got {on_error!r}")
     if mode in ("speceyes", "agent", "specreason") and agent is None:
@@ -281,25 +282,35 @@ def create_speceyes_graph(
         return {"error": message, "timings": {phase: time.perf_counter() - t0}}
 
     def call_model(
-        state: SpecEyesState, model: Any, messages: list, what: str, announced=True, **kwargs
-    ):
+        state: SpecEyesState,
+        model: Any,
+        messages: Callable[[], list],
+        what: str,
+        announced: bool = True,
+        **kwargs: Any,
+    ) -> Steps:
+        """A model call within the query's deadline: the messages are built (images resized,
+        read, encoded) off the event loop, then the call is made (``reply = yield from``)."""
         if announced and announces(model):
             kwargs["announced"] = True  # see `calls` above
         with deadline_scope(state.get("deadline")), store_scope(store):
             check_deadline(what)
-            return call_with_deadline(
-                model.invoke,
-                for_model(messages, model, store),
-                timeout=state["settings"]["model_timeout_s"],
-                what=what,
-                inline=handles_deadlines(model),
-                **kwargs,
+            wire = yield Blocking(lambda: for_model(messages(), model, store))
+            return (
+                yield ModelCall(
+                    model,
+                    wire,
+                    what,
+                    timeout=state["settings"]["model_timeout_s"],
+                    inline=handles_deadlines(model),
+                    kwargs=kwargs,
+                )
             )
 
     # --- intake: a clean run, a checked query ---------------------------------------------------
     def intake(
         state: SpecEyesState, runtime: Runtime[SpecEyesContext], config: RunnableConfig
-    ) -> dict[str, Any]:
+    ) -> Steps:
         t0 = time.perf_counter()
         clean = {**_CLEAN_RUN, "timings": Overwrite({})}
         try:
@@ -315,17 +326,22 @@ def create_speceyes_graph(
                     f"mode {settings.mode!r} needs models this graph was built without "
                     f"(available modes: {sorted(available)})"
                 )
-            with deadline_scope(deadline):
-                query = read_query(state, store, limits, token_models)
-                # Tell the models' batch workers which calls this query will make, before
-                # the images are decoded: a batch forming meanwhile waits for them.
-                for what, modes in at_intake.items():
-                    model, kwargs = calls[what]
-                    if settings.mode in modes and announces(model):
-                        bare_model(model).announce(**kwargs)
-                        announced.append((model, kwargs))
-                for ref in query["images"]:
-                    store.get(ref)  # decode now: a broken image fails here, before any model
+
+            def check_and_decode() -> dict[str, Any]:  # reads files and URLs: off the loop
+                with deadline_scope(deadline):
+                    query = read_query(state, store, limits, token_models)
+                    # Tell the models' batch workers which calls this query will make,
+                    # before the images are decoded: a batch forming meanwhile waits for them.
+                    for what, modes in at_intake.items():
+                        model, kwargs = calls[what]
+                        if settings.mode in modes and announces(model):
+                            bare_model(model).announce(**kwargs)
+                            announced.append((model, kwargs))
+                    for ref in query["images"]:
+                        store.get(ref)  # decode now: a broken image fails here, before any model
+                return query
+
+            query = yield Blocking(check_and_decode)
         except Exception as exc:
             for model, kwargs in announced:  # those calls will not come
                 bare_model(model).announce(-1, **kwargs)
@@ -341,16 +357,18 @@ def create_speceyes_graph(
     # the node each label leads to.
 
     # --- phase I ----------------------------------------------------------------------------------
-    def judge_node(state: SpecEyesState) -> dict[str, Any]:
+    def judge_node(state: SpecEyesState) -> Steps:
         t0 = time.perf_counter()
         query = state["query"]
-        ticket = drafts.start(draft_reply, state) if parallel else None
+        ticket = (yield from drafts.start(draft_reply(state))) if parallel else None
         try:
             text = prompts.question(query["question"], query["options"]) + prompts.judge_suffix
-            with deadline_scope(state.get("deadline")):  # image work goes by deadline
+
+            def messages() -> list:
                 image = user_message(query["images"], text, judge_resize, store)
-            messages = [SystemMessage(content=prompts.judge_system), image]
-            reply = call_model(state, judge_model, messages, "judge", **judge_kwargs)
+                return [SystemMessage(content=prompts.judge_system), image]
+
+            reply = yield from call_model(state, judge_model, messages, "judge", **judge_kwargs)
             output = message_text(reply).strip()
         except Exception as exc:
             drafts.abandon(ticket)
@@ -375,15 +393,19 @@ def create_speceyes_graph(
         return "yes" if state.get("route") == "judged-agentic" else "no"
 
     # --- phase II ---------------------------------------------------------------------------------
-    def draft_reply(state: SpecEyesState) -> Any:
+    def draft_reply(state: SpecEyesState) -> Steps:
         query = state["query"]
         text = prompts.question(query["question"], query["options"]) + prompts.speculator_suffix
-        with deadline_scope(state.get("deadline")):
-            image = user_message(query["images"], text, speculator_resize, store)
-        messages = [SystemMessage(content=prompts.speculator_system), image]
-        return call_model(state, speculator_model, messages, "speculator", **draft_kwargs)
 
-    def speculate_node(state: SpecEyesState) -> dict[str, Any]:
+        def messages() -> list:
+            image = user_message(query["images"], text, speculator_resize, store)
+            return [SystemMessage(content=prompts.speculator_system), image]
+
+        return (
+            yield from call_model(state, speculator_model, messages, "speculator", **draft_kwargs)
+        )
+
+    def speculate_node(state: SpecEyesState) -> Steps:
         t0 = time.perf_counter()
         settings = state["settings"]
         try:
@@ -391,11 +413,11 @@ def create_speceyes_graph(
             started = drafts.take(state.get("pending_draft"))
             if started is not None:
                 with deadline_scope(state.get("deadline")):
-                    reply = started.result(timeout=time_left(settings["model_timeout_s"]))
+                    reply = yield Collect(started, timeout=time_left(settings["model_timeout_s"]))
             else:
-                reply = draft_reply(state)
+                reply = yield from draft_reply(state)
         except Exception as exc:
-            if isinstance(exc, FutureTimeout):
+            if type(exc) is TimeoutError:  # Collect's own wait
                 exc = DeadlineExceeded("the draft started beside the judge did not finish in time")
             if settings["mode"] == "small":
                 return failed(state, "speculator", exc, t0)
@@ -441,7 +463,7 @@ def create_speceyes_graph(
             options=loop,
         ).compile(name="agent_loop")
 
-        def agent_loop(state: SpecEyesState) -> dict[str, Any]:
+        def agent_loop(state: SpecEyesState) -> Steps:
             t0 = time.perf_counter()
             query, settings = state["query"], state["settings"]
             draft = state.get("draft") or {}
@@ -452,7 +474,8 @@ def create_speceyes_graph(
                 # parent state once, at the end, instead of being stored again at every step
                 # (a resumed run restarts the loop). `loop` itself stays the subgraph that
                 # get_graph(xray=True) and Studio draw.
-                out = loop.copy(update={"checkpointer": False}).invoke(
+                out = yield Subgraph(
+                    loop.copy(update={"checkpointer": False}),
                     {
                         "question": query["question"],
                         "images": query["images"],
@@ -473,7 +496,7 @@ def create_speceyes_graph(
                 raise SpecEyesError(out["error"])
             return out
 
-        graph.add_node("agent_loop", agent_loop)
+        graph.add_node("agent_loop", node(agent_loop))
         graph.add_edge("agent_loop", END)
 
     # --- the SpecReason baseline -----------------------------------------------------------------
@@ -482,12 +505,12 @@ def create_speceyes_graph(
         small_reasoner = _internal(speculator, "specreason_small")
         large_reasoner = _internal(agent, "specreason_large")
 
-        def specreason_node(state: SpecEyesState) -> dict[str, Any]:
+        def specreason_node(state: SpecEyesState) -> Steps:
             t0 = time.perf_counter()
             query = state["query"]
 
-            def call(model: Any, messages: list, what: str, **kwargs: Any) -> Any:
-                return call_model(state, model, messages, what, announced=False, **kwargs)
+            def call(model: Any, messages: list, what: str, **kwargs: Any) -> Steps:
+                return call_model(state, model, lambda: messages, what, announced=False, **kwargs)
 
             try:
                 with deadline_scope(state.get("deadline")), store_scope(store):
@@ -495,7 +518,7 @@ def create_speceyes_graph(
                         chosen, prompts, query["question"], query["images"], query["options"],
                         resize, store,
                     )  # fmt: skip
-                    out = run_specreason(
+                    out = yield from run_specreason(
                         call=call, small=small_reasoner, large=large_reasoner,
                         system=reason_system, first=first, protocol=chosen, tools=tool_list,
                         images=query["images"], prompts=prompts, store=store, emit=emit_event,
@@ -504,26 +527,32 @@ def create_speceyes_graph(
                 return {**failed(state, "specreason", exc, t0), "stop_reason": "deadline"}
             except Exception as exc:
                 return failed(state, "specreason", exc, t0)
-            return {**out, "route": "specreason", "timings": {"specreason": time.perf_counter() - t0}}
+            return {
+                **out,
+                "route": "specreason",
+                "timings": {"specreason": time.perf_counter() - t0},
+            }
 
-        graph.add_node("specreason", specreason_node)
+        graph.add_node("specreason", node(specreason_node))
         graph.add_edge("specreason", END)
 
     def after_intake(state: SpecEyesState) -> str:
         return "invalid" if state.get("error") else state["settings"]["mode"]
 
-    graph.add_node("intake", intake)
+    graph.add_node("intake", node(intake))
     graph.add_edge(START, "intake")
     graph.add_conditional_edges(
-        "intake", after_intake, {**{m: _FIRST_NODE[m] for m in sorted(available)}, "invalid": END}
+        "intake",
+        router(after_intake),
+        {**{m: _FIRST_NODE[m] for m in sorted(available)}, "invalid": END},
     )
     if speculator is not None:
-        graph.add_node("speculate", speculate_node)
-        graph.add_node("gate", gate_node)
+        graph.add_node("speculate", node(speculate_node))
+        graph.add_node("gate", node(gate_node))
         graph.add_edge("speculate", "gate")
         graph.add_conditional_edges(
             "gate",
-            after_gate,
+            router(after_gate),
             {
                 "accept": END,
                 "failed": END,
@@ -531,9 +560,9 @@ def create_speceyes_graph(
             },
         )
     if "speceyes" in available:
-        graph.add_node("judge", judge_node)
+        graph.add_node("judge", node(judge_node))
         graph.add_conditional_edges(
-            "judge", after_judge, {"no": "speculate", "yes": "agent_loop", "failed": END}
+            "judge", router(after_judge), {"no": "speculate", "yes": "agent_loop", "failed": END}
         )
     return graph
 
@@ -542,30 +571,31 @@ class _StartedDrafts:
     """Drafts started by the judge node (parallel speculation), by ticket, until ``speculate``
     takes them or the judge abandons them. Only the ticket goes into graph state; a run
     resumed elsewhere finds no draft under it and simply drafts again. Bounded, so tickets
-    of runs that never came back (interrupted, failed) cannot pile up."""
+    of runs that never came back (interrupted, failed) cannot pile up.
+
+    A draft runs on a reused thread under ``invoke`` and as an asyncio task under
+    ``ainvoke``; either way its model requests are in a :class:`CancelScope`."""
 
     def __init__(self, limit: int = 4096):
         self.limit = limit
-        self._started: OrderedDict[str, tuple[Future, CancelScope]] = OrderedDict()
+        self._started: OrderedDict[str, tuple[Future | asyncio.Future, CancelScope]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def start(self, fn: Callable[..., Any], *args: Any) -> str:
+    def start(self, steps: Steps) -> Steps:
+        """Start the draft's steps beside the caller; the ticket (``yield from``)."""
         scope = CancelScope()
-
-        def run() -> Any:
-            with scope.active():
-                return fn(*args)
-
+        handle = yield Background(_in_scope(scope, steps))
+        if isinstance(handle, asyncio.Future):  # an abandoned draft's error is nobody's
+            handle.add_done_callback(lambda task: task.cancelled() or task.exception())
         ticket = uuid.uuid4().hex
-        future = start_in_background(run)
         with self._lock:
-            self._started[ticket] = (future, scope)
+            self._started[ticket] = (handle, scope)
             while len(self._started) > self.limit:
                 _, (old, old_scope) = self._started.popitem(last=False)
-                old_scope.cancel()
+                _cancel(old, old_scope)
         return ticket
 
-    def take(self, ticket: str | None) -> Future | None:
+    def take(self, ticket: str | None) -> Future | asyncio.Future | None:
         with self._lock:
             started = self._started.pop(ticket, None) if ticket else None
         return None if started is None else started[0]
@@ -576,12 +606,26 @@ class _StartedDrafts:
             started = self._started.pop(ticket, None) if ticket else None
         if started is None:
             return None
-        future, scope = started
-        if future.done():
+        handle, scope = started
+        if handle.done():
             return "drafted beside the judge, discarded: the judge asked for tools"
-        if scope.cancel():
+        if _cancel(handle, scope):
             return "drafted beside the judge, cancelled before it ran: the judge asked for tools"
         return "drafted beside the judge, discarded while it ran: the judge asked for tools"
+
+
+def _in_scope(scope: CancelScope, steps: Steps) -> Steps:
+    with scope.active():
+        return (yield from steps)
+
+
+def _cancel(handle: Future | asyncio.Future, scope: CancelScope) -> bool:
+    """Withdraw a draft's queued requests (True if none reached the model); an asyncio
+    draft is cancelled outright as well, which closes a served model's request."""
+    before_it_ran = scope.cancel()
+    if isinstance(handle, asyncio.Future):
+        handle.cancel()
+    return before_it_ran
 
 
 def announces(model: Any) -> bool:

@@ -32,6 +32,7 @@ from langchain_core.tools import BaseTool
 from speceyes_tools.images import ImageStore
 
 from .agent import tool_trace
+from .effects import Blocking, Steps
 from .messages import Protocol, bare_model, dehydrate
 from .prompts import THYME_STOP, Prompts
 from .protocol import extract_answer, message_text, parse_deepeyes, parse_thyme
@@ -73,9 +74,10 @@ def run_specreason(
     store: ImageStore,
     max_steps: int = SPECREASON_MAX_STEPS,
     emit: Callable[[dict], None] = lambda event: None,
-) -> dict[str, Any]:
-    """Run one query's SpecReason loop; ``call(model, messages, what, **kwargs)`` makes a
-    model call within the query's deadline. Returns the graph's output fields."""
+) -> Steps:
+    """One query's SpecReason loop, as node steps (:mod:`speceyes_graph.effects`):
+    ``call(model, messages, what, **kwargs)`` gives the steps of a model call within the
+    query's deadline. Returns (``yield from``) the graph's output fields."""
     stop = list(THYME_STOP if protocol == "thyme" else DEEPEYES_STEP_STOP)
     base: list[BaseMessage] = [SystemMessage(content=system), first]
     history: list[dict] = []  # content blocks of the accepted steps (and tool outputs)
@@ -86,13 +88,13 @@ def run_specreason(
         context = base + ([AIMessage(content=list(history))] if history else [])
         t0 = time.perf_counter()
         drafted = message_text(
-            call(small, context, "specreason draft", stop=stop, **_new_turn(small))
+            (yield from call(small, context, "specreason draft", stop=stop, **_new_turn(small)))
         )
         draft_s = time.perf_counter() - t0
         scoring = [*context, AIMessage(content=drafted), HumanMessage(content=prompts.verify)]
         t0 = time.perf_counter()
         score_text = message_text(
-            call(large, scoring, "specreason score", max_tokens=SCORE_MAX_TOKENS)
+            (yield from call(large, scoring, "specreason score", max_tokens=SCORE_MAX_TOKENS))
         )
         score_s = time.perf_counter() - t0
         score = parse_score(score_text)
@@ -112,7 +114,7 @@ def run_specreason(
         else:
             t0 = time.perf_counter()
             text = message_text(
-                call(large, context, "specreason step", stop=stop, **_new_turn(large))
+                (yield from call(large, context, "specreason step", stop=stop, **_new_turn(large)))
             )
             step["model_latency_s"] = time.perf_counter() - t0
         step["model_text"] = text
@@ -121,7 +123,13 @@ def run_specreason(
         history.append({"type": "text", "text": text})
         step["answer"] = extract_answer(text)
         if not step["accepted"] and step["answer"] is None:
-            history.extend(_run_tools(text, protocol, by_name, images, prompts, store, step))
+            history.extend(
+                (
+                    yield Blocking(
+                        _run_tools, (text, protocol, by_name, images, prompts, store, step)
+                    )
+                )
+            )
         steps.append(step)
         emit({"specreason_step": step})
         if step["answer"] is not None:

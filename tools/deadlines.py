@@ -14,13 +14,14 @@ has failed with a clear error and every other query carries on.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import heapq
 import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
@@ -29,6 +30,7 @@ from typing import Any, TypeVar
 __all__ = [
     "DeadlineExceeded",
     "EarliestDeadlineFirst",
+    "acall_with_deadline",
     "cpu_work",
     "call_with_deadline",
     "check_deadline",
@@ -192,6 +194,41 @@ def call_with_deadline(
         if query_bound:
             raise DeadlineExceeded(f"the query's deadline passed during the {what}") from None
         raise DeadlineExceeded(f"{what} took longer than {limit:.3g} s") from None
+
+
+async def acall_with_deadline(
+    fn: Callable[..., Awaitable[T]],
+    *args: Any,
+    timeout: float | None,
+    what: str,
+    inline: bool = False,
+    **kwargs: Any,
+) -> T:
+    """``await fn(*args, **kwargs)`` within ``timeout`` seconds (or the query's deadline):
+    the asynchronous :func:`call_with_deadline`. No thread: the awaited call is cancelled
+    when the time is up (an HTTP request is closed, a queued local request dropped), so an
+    abandoned call leaves nothing running. ``inline=True``: the callee honours the deadline
+    itself and is awaited under it, as in the synchronous form."""
+    query_left = time_left()
+    limit = time_left(timeout)
+    if limit is None:
+        return await fn(*args, **kwargs)
+    if limit <= 0:
+        raise DeadlineExceeded(f"{what}: the query's deadline passed")
+    query_bound = query_left is not None and (timeout is None or query_left < timeout)
+    with deadline_scope(time.time() + limit):
+        if inline:
+            return await fn(*args, **kwargs)
+        scope = asyncio.timeout(limit)
+        try:
+            async with scope:
+                return await fn(*args, **kwargs)
+        except TimeoutError:
+            if not scope.expired():
+                raise  # the call itself raised a TimeoutError: report it as it is
+            if query_bound:
+                raise DeadlineExceeded(f"the query's deadline passed during the {what}") from None
+            raise DeadlineExceeded(f"{what} took longer than {limit:.3g} s") from None
 
 
 class EarliestDeadlineFirst:

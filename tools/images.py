@@ -31,6 +31,7 @@ import hashlib
 import io
 import math
 import os
+import re
 import threading
 import warnings
 from collections import OrderedDict
@@ -192,7 +193,7 @@ def _header(data: bytes, name: str) -> tuple[int, int, int]:
         ) from exc
     except (OSError, SyntaxError, ValueError) as exc:
         raise ImageLoadError(
-            f"image {name} is corrupt or truncated (or not an image): {exc}"
+            f"image {name} is corrupt or truncated (or not an image): {_pil_reason(exc)}"
         ) from None
 
 
@@ -235,6 +236,11 @@ def upright(arr: np.ndarray, orientation: int) -> np.ndarray:
     return arr if turn is None else np.ascontiguousarray(turn(arr))
 
 
+def _pil_reason(exc: BaseException) -> str:
+    """PIL's message without the repr of the buffer it read (an address, different every run)."""
+    return re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))
+
+
 def decode_image(data: bytes, name: str = "image", max_pixels: int | None = None) -> np.ndarray:
     """Encoded bytes -> RGB ``uint8`` array ``[H, W, 3]``, refusing images over ``max_pixels``.
 
@@ -272,7 +278,7 @@ def decode_image(data: bytes, name: str = "image", max_pixels: int | None = None
     except ImageLoadError:
         raise
     except (OSError, SyntaxError, ValueError) as exc:
-        raise ImageLoadError(f"image {name} is corrupt or truncated: {exc}") from None
+        raise ImageLoadError(f"image {name} is corrupt or truncated: {_pil_reason(exc)}") from None
 
 
 def _kind(ref: Any) -> str:

@@ -8,12 +8,14 @@ separability per token, for exercising the gate.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
@@ -22,9 +24,13 @@ __all__ = ["ScriptedChatModel", "fake_logprobs"]
 
 
 class ScriptedChatModel(BaseChatModel):
-    """A chat model whose reply is ``respond(messages)`` (a string or an ``AIMessage``)."""
+    """A chat model whose reply is ``respond(messages)`` (a string or an ``AIMessage``).
+
+    ``delay_s``: each call takes that long, like a served model's round trip (``ainvoke``
+    waits with ``asyncio.sleep``, holding no thread, as an HTTP client would)."""
 
     respond: Callable[[list[BaseMessage]], Any]
+    delay_s: float = 0.0
     calls: int = 0
     bound_tools: list[Any] = []
     call_kwargs: list[dict[str, Any]] = []  # generation kwargs of each call, e.g. max_tokens
@@ -41,6 +47,22 @@ class ScriptedChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return self._reply(messages, stop, kwargs)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        return self._reply(messages, stop, kwargs)
+
+    def _reply(self, messages: list[BaseMessage], stop: Any, kwargs: dict) -> ChatResult:
         self.calls += 1
         self.call_kwargs.append({"stop": stop, **kwargs})
         self.received.append(list(messages))
