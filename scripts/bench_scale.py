@@ -1,20 +1,28 @@
 """Many queries in flight in one process: what the graph costs as a client of served models.
 
 One process drives N queries at once (``graph.batch`` and ``graph.abatch``) through the
-SpecEyes graph with served clients (``ChatOpenAI`` over httpx) against a loopback
-OpenAI-compatible server in another process that answers after ``--delay-ms``: the judge
-says "no" for 4 queries in 5 (the paper's beta), drafts are confident, the agent answers at
-once. Prints, asserts nothing:
+SpecEyes graph, with two kinds of model client (``--clients``):
 
-- wall time and throughput;
-- orchestration CPU per query (this process's CPU time / N: the server's is not counted);
-- peak threads and memory (RSS at the start, its peak, at the end);
-- the same for LangGraph's own floor: a graph of as many no-op nodes, same N, same run.
+- ``openai``: ``ChatOpenAI`` over httpx against a loopback OpenAI-compatible server in
+  another process that answers after ``--delay-ms``;
+- ``scripted``: in-process scripted models that answer after the same delay (``asyncio.sleep``
+  under ``abatch``): the graph's own orchestration, without an HTTP client's cost.
 
-Target (issue 23): CPU per query within 2x of the floor, memory flat in the number of
-queries finished.
+The judge says "no" for 4 queries in 5 (the paper's beta), drafts are confident, the agent
+answers at once. Prints, asserts nothing: wall time and throughput; CPU per query (this
+process's CPU time / N: the server's is not counted); peak threads and memory (RSS at the
+start, its peak, at the end); the same for LangGraph's own floor, a graph of as many no-op
+nodes, same N, same run. Targets (issue 23): CPU per query within 2x of the floor, memory
+flat in the number of queries finished.
+
+``--engine vllm``: the demo checkpoints on two real vLLM servers (``bash
+scripts/setup-vllm.sh`` first); ``abatch`` of ``--vllm-n`` demo queries at concurrency 64
+against the very same requests (recorded from the graph) sent straight to the servers by a
+raw async HTTP client, each query's requests in order, 64 queries at a time. Target: the
+graph reaches at least 0.9 of the raw client's throughput.
 
 Usage: python3 scripts/bench_scale.py [--n 1000] [--delay-ms 50] [--modes batch,abatch]
+           [--clients openai,scripted] [--engine vllm --vllm-n 256]
        (the server: python3 scripts/bench_scale.py --serve PORT --delay-ms D)
 """
 
@@ -34,6 +42,13 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+_LOOP = asyncio.new_event_loop()  # one loop for every async run: clients keep their pools
+
+
+def run_async(coroutine):
+    return _LOOP.run_until_complete(coroutine)
+
+
 K = 64  # top log-probs the speculator asks for
 
 
@@ -169,7 +184,7 @@ def measure(label: str, run, n: int) -> dict:
         "rss_peak": max(sampler.rss or [start_rss]), "rss_end": rss_mb(), "errors": errors,
     }  # fmt: skip
     print(
-        f"{label:<28} {n:>5} {wall:>7.2f} s {row['qps']:>8.1f} q/s {row['cpu_ms_per_q']:>7.2f} ms CPU/q"
+        f"{label:<34} {n:>5} {wall:>7.2f} s {row['qps']:>8.1f} q/s {row['cpu_ms_per_q']:>7.2f} ms CPU/q"
         f" {row['threads']:>4} threads  RSS {start_rss:.0f} -> peak {row['rss_peak']:.0f} -> {row['rss_end']:.0f} MB"
         + (f"  ({errors} errors)" if errors else "")
         + (f"  routes {dict(routes)}" if routes else ""),
@@ -177,7 +192,7 @@ def measure(label: str, run, n: int) -> dict:
     )
     first_error = next((o["error"] for o in outs if isinstance(o, dict) and o.get("error")), None)
     if first_error:
-        print(f"{'':<28} first error: {first_error[:300]}")
+        print(f"{'':<34} first error: {first_error[:300]}")
     return row
 
 
@@ -196,6 +211,37 @@ def speceyes_graph(url: str):
     large = openai_chat_model(url, "large", resize=resize, probe=False, max_retries=0)
     return create_speceyes_graph(
         speculator=small, agent=large, gate=GateConfig(tau=0.98, k=K), max_agent_steps=2
+    ).compile()
+
+
+def scripted_graph(delay_s: float):
+    """The same graph and replies as the loopback server's, from in-process scripted models."""
+    from langchain_core.messages import AIMessage
+
+    from speceyes_graph import GateConfig, create_speceyes_graph
+    from speceyes_graph.models import ScriptedChatModel
+    from speceyes_graph.protocol import message_text
+
+    def said(messages) -> str:
+        return "".join(message_text(m) for m in messages if m.type == "human")
+
+    top = [{"token": "A", "logprob": -1e-4}] + [
+        {"token": f"t{i}", "logprob": -12.0 - i * 0.01} for i in range(K - 1)
+    ]
+    logprobs = {"content": [{"token": "A", "logprob": -1e-4, "top_logprobs": top}]}
+    small = ScriptedChatModel(
+        respond=lambda m: AIMessage(content="A", response_metadata={"logprobs": logprobs}),
+        delay_s=delay_s,
+    )
+    large = ScriptedChatModel(respond=lambda m: "<answer>B</answer>", delay_s=delay_s)
+    return create_speceyes_graph(
+        judge=ScriptedChatModel(
+            respond=lambda m: "yes" if "(tools)" in said(m) else "no", delay_s=delay_s
+        ),
+        speculator=small,
+        agent=large,
+        gate=GateConfig(tau=0.98, k=K),
+        max_agent_steps=2,
     ).compile()
 
 
@@ -244,49 +290,182 @@ def queries(n: int) -> list[dict]:
     ]
 
 
+# --- against real vLLM ------------------------------------------------------------------------
+
+
+def sdk_http():
+    """The HTTP package the OpenAI SDK sends with (its own fork of httpx, in recent ones)."""
+    try:
+        import httpx2 as http
+    except ImportError:
+        import httpx as http
+    return http
+
+
+def record_requests(graph, inputs: list[dict], concurrency: int) -> list[list[tuple[str, bytes]]]:
+    """Each query's HTTP requests, in order, as the graph sends them (a warm-up run too)."""
+    import contextvars
+
+    client_class = sdk_http().AsyncClient
+    query = contextvars.ContextVar("query", default=None)
+    sent: dict[int, list] = {i: [] for i in range(len(inputs))}
+    original = client_class.send
+
+    async def send(self, request, **kwargs):
+        if query.get() is not None:
+            sent[query.get()].append((str(request.url), request.content))
+        return await original(self, request, **kwargs)
+
+    async def run():
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(i, q):
+            async with gate:
+                query.set(i)
+                return await graph.ainvoke(q)
+
+        return await asyncio.gather(*(one(i, q) for i, q in enumerate(inputs)))
+
+    client_class.send = send
+    try:
+        run_async(run())
+    finally:
+        client_class.send = original
+    return [sent[i] for i in range(len(inputs))]
+
+
+async def replay(recorded: list[list[tuple[str, bytes]]], concurrency: int) -> list[dict]:
+    """The recorded requests straight to the servers: ``concurrency`` queries at a time, each
+    query's requests in order (as the graph sends them), every reply read and parsed."""
+    httpx = sdk_http()  # the same client the graph's requests went through
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer EMPTY"}
+    todo = iter(range(len(recorded)))
+    done: list[dict] = []
+    limits = httpx.Limits(
+        max_connections=2 * concurrency, max_keepalive_connections=2 * concurrency
+    )
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+
+        async def worker():
+            for i in todo:  # one iterator shared by the workers
+                error = None
+                for url, body in recorded[i]:
+                    reply = await client.post(url, content=body, headers=headers)
+                    if reply.status_code != 200:
+                        error = f"HTTP {reply.status_code}: {reply.text[:200]}"
+                    reply.json()
+                done.append({"error": error})
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done
+
+
+def vllm_comparison(n: int, concurrency: int, repeat: int) -> None:
+    import tempfile
+
+    from speceyes_graph.demo import demo_checkpoints, demo_graph, demo_queries
+    from speceyes_graph.demo.engines import demo_engine
+
+    with tempfile.TemporaryDirectory() as tmp, demo_engine("vllm", demo_checkpoints()) as engine:
+        print(engine.description)
+        graph = demo_graph(engine.models["small"], engine.models["large"]).compile()
+        inputs = [
+            {"question": q.question, "images": [q.image], "options": q.options}
+            for q in demo_queries(Path(tmp), n, seed=7)
+        ]
+        recorded = record_requests(graph, inputs, concurrency)
+        requests = sum(map(len, recorded))
+        print(
+            f"{n} demo queries, {requests} requests ({requests / n:.2f} per query), "
+            f"concurrency {concurrency}, {os.cpu_count()} CPUs (servers included)"
+        )
+        config = {"max_concurrency": concurrency}
+        for _ in range(repeat):  # alternating, so neither side always meets a warmer server
+            graph_row = measure(
+                "speceyes graph.abatch", lambda: run_async(graph.abatch(inputs, config)), n
+            )
+            raw_row = measure(
+                "raw HTTP client, same requests",
+                lambda: run_async(replay(recorded, concurrency)),
+                n,
+            )
+            ratio = graph_row["qps"] / raw_row["qps"]
+            print(f"{'':<34} graph / raw throughput: {ratio:.3f} (target: at least 0.9)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=1000, help="queries in flight")
-    parser.add_argument("--delay-ms", type=float, default=50.0, help="the server's answer delay")
+    parser.add_argument("--delay-ms", type=float, default=50.0, help="the models' answer delay")
     parser.add_argument("--modes", default="batch,abatch")
+    parser.add_argument("--clients", default="openai,scripted", help="openai, scripted or both")
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each mode")
+    parser.add_argument("--engine", choices=["none", "vllm"], default="none")
+    parser.add_argument("--vllm-n", type=int, default=256, help="demo queries against vLLM")
+    parser.add_argument("--concurrency", type=int, default=64, help="queries in flight on vLLM")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.delay_ms / 1000)
         return
-    modes = args.modes.split(",")
+    if args.engine == "vllm":
+        vllm_comparison(args.vllm_n, args.concurrency, args.repeat)
+        return
     n = args.n
-    proc, url = start_server(args.delay_ms)
-    try:
-        graph = speceyes_graph(url)
-        inputs = queries(n)
-        nodes = len(graph.get_graph().nodes) - 2  # without __start__ and __end__
-        floor, afloor = floor_graph(nodes, False), floor_graph(nodes, True)
-        graph.invoke(inputs[0])  # warm: imports, clients, connection pools
-        floor.invoke({"question": "x"})
-        config = {"max_concurrency": n}
-        print(f"{n} queries in flight, server delay {args.delay_ms:.0f} ms, {os.cpu_count()} CPUs")
-        print(f"{'':<28} {'n':>5} {'wall':>9} {'throughput':>12} {'CPU':>14}")
-        for mode in modes:
+    inputs = queries(n)
+    print(f"{n} queries in flight, model delay {args.delay_ms:.0f} ms, {os.cpu_count()} CPUs")
+    print(f"{'':<34} {'n':>5} {'wall':>9} {'throughput':>12} {'CPU':>14}")
+    for client in args.clients.split(","):
+        proc = None
+        if client == "openai":
+            proc, url = start_server(args.delay_ms)
+            graph = speceyes_graph(url)
+        else:
+            graph = scripted_graph(args.delay_ms / 1000)
+        try:
+            run_modes(graph, client, inputs, args.modes.split(","), args.repeat)
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=10)
+
+
+def run_modes(graph, client: str, inputs: list[dict], modes: list[str], repeat: int) -> None:
+    """Each mode ``repeat`` times, the floor right after each run (the machine's state
+    drifts within a minute; the ratio is taken run by run)."""
+    n = len(inputs)
+    nodes = len(graph.get_graph().nodes) - 2  # without __start__ and __end__
+    floor, afloor = floor_graph(nodes, False), floor_graph(nodes, True)
+    graph.invoke(inputs[0])  # warm: imports, clients, connection pools
+    run_async(graph.ainvoke(inputs[1]))
+    floor.invoke({"question": "x"})
+    config = {"max_concurrency": n}
+    floor_inputs = [{"question": "x"}] * n
+    recorded = record_requests(graph, inputs, n) if client == "openai" else None
+    for mode in modes:
+        for _ in range(repeat):
             if mode == "batch":
-                measure("speceyes graph.batch", lambda: graph.batch(inputs, config), n)
-                measure(
+                row = measure(f"{client}: graph.batch", lambda: graph.batch(inputs, config), n)
+                base = measure(
                     f"floor ({nodes} no-op nodes) batch",
-                    lambda: floor.batch([{"question": "x"}] * n, config),
+                    lambda: floor.batch(floor_inputs, config),
                     n,
                 )
             else:
-                measure(
-                    "speceyes graph.abatch", lambda: asyncio.run(graph.abatch(inputs, config)), n
+                row = measure(
+                    f"{client}: graph.abatch", lambda: run_async(graph.abatch(inputs, config)), n
                 )
-                measure(
+                base = measure(
                     f"floor ({nodes} no-op nodes) abatch",
-                    lambda: asyncio.run(afloor.abatch([{"question": "x"}] * n, config)),
+                    lambda: run_async(afloor.abatch(floor_inputs, config)),
                     n,
                 )
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+            ratio = row["cpu_ms_per_q"] / base["cpu_ms_per_q"]
+            print(f"{'':<34} CPU per query / floor: {ratio:.2f}")
+            if recorded is not None and mode == "abatch":  # the same requests, no graph
+                raw = measure("openai: raw HTTP client", lambda: run_async(replay(recorded, n)), n)
+                extra = row["cpu_ms_per_q"] - raw["cpu_ms_per_q"]
+                print(f"{'':<34} the graph and ChatOpenAI over the raw client: {extra:.2f} ms/q")
 
 
 if __name__ == "__main__":

@@ -236,4 +236,4 @@ def router(fn: Callable[..., Any]) -> Runnable:
     async def afunc(*args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
 
-    return RunnableCallable(fn, afunc, name=fn.__name__, trace=True)
+    return RunnableCallable(fn, afunc, name=fn.__name__, trace=False)

@@ -281,6 +281,17 @@ def create_speceyes_graph(
             raise SpecEyesError(message) from exc
         return {"error": message, "timings": {phase: time.perf_counter() - t0}}
 
+    # What each of the graph's models can do, looked up once: reading a trait through
+    # pydantic bindings costs about 0.1 ms, and every model call asks.
+    known_traits: dict[int, tuple[bool, bool]] = {}
+
+    def traits(model: Any) -> tuple[bool, bool]:
+        """(takes announcements, honours deadlines itself) of one of this graph's models."""
+        found = known_traits.get(id(model))
+        if found is None:
+            found = known_traits[id(model)] = (announces(model), handles_deadlines(model))
+        return found
+
     def call_model(
         state: SpecEyesState,
         model: Any,
@@ -291,7 +302,8 @@ def create_speceyes_graph(
     ) -> Steps:
         """A model call within the query's deadline: the messages are built (images resized,
         read, encoded) off the event loop, then the call is made (``reply = yield from``)."""
-        if announced and announces(model):
+        takes_announcements, own_deadlines = traits(model)
+        if announced and takes_announcements:
             kwargs["announced"] = True  # see `calls` above
         with deadline_scope(state.get("deadline")), store_scope(store):
             check_deadline(what)
@@ -302,7 +314,7 @@ def create_speceyes_graph(
                     wire,
                     what,
                     timeout=state["settings"]["model_timeout_s"],
-                    inline=handles_deadlines(model),
+                    inline=own_deadlines,
                     kwargs=kwargs,
                 )
             )
@@ -334,7 +346,7 @@ def create_speceyes_graph(
                     # before the images are decoded: a batch forming meanwhile waits for them.
                     for what, modes in at_intake.items():
                         model, kwargs = calls[what]
-                        if settings.mode in modes and announces(model):
+                        if settings.mode in modes and traits(model)[0]:
                             bare_model(model).announce(**kwargs)
                             announced.append((model, kwargs))
                     for ref in query["images"]:
@@ -383,7 +395,7 @@ def create_speceyes_graph(
             update["draft"]["note"] = drafts.abandon(ticket)
         elif ticket is not None:
             update["pending_draft"] = ticket
-        elif update["route"] is None and announces(speculator):  # the draft comes next
+        elif update["route"] is None and traits(speculator)[0]:  # the draft comes next
             bare_model(speculator).announce(**draft_kwargs)
         return update
 

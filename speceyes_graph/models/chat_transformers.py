@@ -356,8 +356,6 @@ class ChatTransformersVLM(BaseChatModel):
             "image_keys": converted.image_keys,
         }
 
-    # --- generation (the batch worker, or a streaming thread) ----------------------------------
-
     # --- LangChain entry points ----------------------------------------------------------------
 
     def batch(
