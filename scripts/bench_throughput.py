@@ -1,6 +1,7 @@
 """Throughput against the raw model, and parallel vs sequential speculation (prints figures).
 
-1. Ceiling ratio: for the speculation phase and the judge phase, ``graph.batch(N)`` against
+1. Ceiling ratio: for the speculation phase and the judge phase, ``graph.batch(N)`` and
+   ``graph.abatch(N)`` (``--drivers``) against
    the same requests prepared and run straight through the model's batched path (same
    process, same batch size), with where the rest of the time goes.
 2. ``speculation="after_judge"`` vs ``"parallel"`` on the mixed workload (judge, drafts,
@@ -97,6 +98,9 @@ def main() -> None:
     parser.add_argument(
         "--parts", nargs="+", choices=["ceiling", "speculation"], default=["ceiling", "speculation"]
     )
+    parser.add_argument(
+        "--drivers", nargs="+", choices=["batch", "abatch"], default=["batch", "abatch"]
+    )
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device cpu")
     with tempfile.TemporaryDirectory() as tmp:
@@ -107,15 +111,17 @@ def main() -> None:
             print(f"\n=== {kind} checkpoints, N={args.n}, batch size {args.batch} ===")
             if "ceiling" in args.parts:
                 for phase in ("speculation", "judge"):
-                    result = ceiling(
-                        phase,
-                        small=small,
-                        large=large,
-                        queries=queries,
-                        reps=args.reps,
-                        graph_settings=settings,
-                    )
-                    print(result.report())
+                    for driver in args.drivers:
+                        result = ceiling(
+                            phase,
+                            small=small,
+                            large=large,
+                            queries=queries,
+                            reps=args.reps,
+                            graph_settings=settings,
+                            driver=driver,
+                        )
+                        print(result.report())
             if "speculation" in args.parts:
                 results = compare_speculation(
                     make_graph,

@@ -526,10 +526,10 @@ def create_speceyes_graph(
 
             try:
                 with deadline_scope(state.get("deadline")), store_scope(store):
-                    first = first_user_message(
+                    first = yield Blocking(first_user_message, (
                         chosen, prompts, query["question"], query["images"], query["options"],
                         resize, store,
-                    )  # fmt: skip
+                    ))  # fmt: skip
                     out = yield from run_specreason(
                         call=call, small=small_reasoner, large=large_reasoner,
                         system=reason_system, first=first, protocol=chosen, tools=tool_list,

@@ -261,3 +261,45 @@ def test_the_demo_checkpoints_answer_the_same_under_abatch(tmp_path):
         sync, asynchronous = both_ways(graph, inputs)
         assert asynchronous == sync
         assert {o["route"] for o in sync} >= {"speculative", "judged-agentic"}
+
+
+def test_a_node_body_handles_its_requests_failures_the_same_on_both_drivers():
+    """A request that fails is raised at its ``yield``; the body's own ``except`` and
+    ``finally`` run on both paths, and what the body returns is the node's update."""
+    from speceyes_graph.effects import Blocking, arun_steps, run_steps
+
+    def boom():
+        raise ValueError("broken image")
+
+    def body(log):
+        try:
+            yield Blocking(boom)
+        except ValueError as exc:
+            log.append(f"caught {exc}")
+            size = yield Blocking(len, ("four",))
+            return {"size": size}
+        finally:
+            log.append("cleaned up")
+
+    sync_log, async_log = [], []
+    assert run_steps(body(sync_log)) == {"size": 4}
+    assert asyncio.run(arun_steps(body(async_log))) == {"size": 4}
+    assert sync_log == async_log == ["caught broken image", "cleaned up"]
+
+
+def test_acall_with_deadline_reports_its_own_timeout_and_the_callees_apart():
+    from speceyes_tools.deadlines import DeadlineExceeded, acall_with_deadline
+
+    async def slow():
+        await asyncio.sleep(5)
+
+    async def raises_timeout():
+        raise TimeoutError("the server said 504")
+
+    async def run():
+        with pytest.raises(DeadlineExceeded, match="took longer than 0.05 s"):
+            await acall_with_deadline(slow, timeout=0.05, what="the call")
+        with pytest.raises(TimeoutError, match="the server said 504"):
+            await acall_with_deadline(raises_timeout, timeout=1.0, what="the call")
+
+    asyncio.run(run())

@@ -255,7 +255,8 @@ def test_langgraph_json_points_at_a_compiled_graph(monkeypatch):
 
     root = Path(__file__).resolve().parents[1]
     cfg = json.loads((root / "langgraph.json").read_text())
-    path, attr = cfg["graphs"]["speceyes"].split(":")
+    path, attr = cfg["graphs"]["speceyes"]["path"].split(":")
+    assert "N_JOBS_PER_WORKER" in cfg["graphs"]["speceyes"]["description"]
     for var in (
         "SPECEYES_SMALL_URL",
         "SPECEYES_LARGE_URL",

@@ -10,6 +10,8 @@ time their query has left without any argument threading.
 a server that never answers): the call runs in a daemon thread with the caller's context and
 the caller stops waiting when the time is up. The abandoned thread may run on, but its query
 has failed with a clear error and every other query carries on.
+:func:`acall_with_deadline` is the same for ``await``: no thread, and the awaited call is
+cancelled when the time is up.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ nothing asserts a speed.
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -63,6 +64,7 @@ class CeilingResult:
     mean_batch: float
     mean_queued_s: float
     orchestration_ms: float | None = None  # LangGraph + our nodes per query, instant models
+    driver: str = "batch"  # graph.batch (a thread per query) or graph.abatch (the event loop)
 
     @property
     def ratio(self) -> float:
@@ -71,14 +73,14 @@ class CeilingResult:
 
     def report(self) -> str:
         lines = [
-            f"{self.phase} phase, N={self.n}: graph.batch {self.graph_s:.2f} s "
+            f"{self.phase} phase, N={self.n}: graph.{self.driver} {self.graph_s:.2f} s "
             f"({self.n / self.graph_s:.1f} q/s), raw ceiling {self.raw_s:.2f} s "
             f"({self.n / self.raw_s:.1f} q/s) -> ratio {self.ratio:.2f}",
             f"   raw: prepare {self.raw_prepare_s:.2f} s + model {self.raw_model_s:.2f} s",
             f"   graph: {self.calls} generate calls (mean batch {self.mean_batch:.1f}), "
             f"model busy {self.graph_model_s:.2f} s "
             f"(+{self.graph_model_s - self.raw_model_s:.2f} s over raw: the generate loop "
-            "sharing the GIL and cores with the graph's threads)",
+            "sharing the GIL and cores with the graph)",
             f"   graph: first generate after {self.first_batch_s:.2f} s (requests being "
             f"prepared), {self.after_last_s:.2f} s after the last; mean queue wait "
             f"{1000 * self.mean_queued_s:.0f} ms/request",
@@ -158,10 +160,14 @@ def ceiling(
     store: ImageStore | None = None,
     graph_settings: dict[str, Any] | None = None,
     orchestration: bool = True,
+    driver: str = "batch",
 ) -> CeilingResult:
-    """Graph throughput against the raw ceiling for ``phase`` (``judge`` or ``speculation``)."""
+    """Graph throughput against the raw ceiling for ``phase`` (``judge`` or ``speculation``),
+    the graph run with ``graph.batch`` (``driver="batch"``) or ``graph.abatch``."""
     if phase not in ("judge", "speculation"):
         raise ValueError(f"phase must be 'judge' or 'speculation', got {phase!r}")
+    if driver not in ("batch", "abatch"):
+        raise ValueError(f"driver must be 'batch' or 'abatch', got {driver!r}")
     store = store or default_store()
     settings = dict(graph_settings or {})
     prompts = settings.get("prompts") or Prompts()
@@ -173,7 +179,10 @@ def ceiling(
         max_tokens = settings.get("draft_max_tokens", 20)
 
         def run_graph(rep: int) -> None:
-            compiled.batch(list(queries), {"max_concurrency": n})
+            if driver == "abatch":
+                asyncio.run(compiled.abatch(list(queries), {"max_concurrency": n}))
+            else:
+                compiled.batch(list(queries), {"max_concurrency": n})
 
     else:  # the graph through its judge node: each query streamed, stopped after the judge
         model = large
@@ -183,6 +192,13 @@ def ceiling(
         max_tokens = settings.get("judge_max_tokens", 10)
 
         def run_graph(rep: int) -> None:
+            if driver == "abatch":  # a task per query, as graph.abatch
+
+                async def all_through_judge() -> None:
+                    await asyncio.gather(*(_athrough_judge(compiled, q) for q in queries))
+
+                asyncio.run(all_through_judge())
+                return
             with ThreadPoolExecutor(n) as pool:  # a thread per query, as graph.batch
                 list(pool.map(lambda q: _through_judge(compiled, q), queries))
 
@@ -228,6 +244,7 @@ def ceiling(
         mean_batch=requests[best] / max(1, calls[best]),
         mean_queued_s=queued[best],
         orchestration_ms=orchestration_ms(phase, queries, store=store) if orchestration else None,
+        driver=driver,
     )
 
 
@@ -260,6 +277,12 @@ def orchestration_ms(
 def _through_judge(graph: Any, query: dict) -> None:
     """Run ``graph`` on ``query`` up to and including its judge node, then stop it."""
     for update in graph.stream(query, stream_mode="updates"):
+        if "judge" in update or "intake" in update and update["intake"].get("error"):
+            return
+
+
+async def _athrough_judge(graph: Any, query: dict) -> None:
+    async for update in graph.astream(query, stream_mode="updates"):
         if "judge" in update or "intake" in update and update["intake"].get("error"):
             return
 
