@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from typing import Annotated, Any
 from langchain_core.callbacks import BaseCallbackManager
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
-from langchain_core.runnables.config import set_config_context
+from langchain_core.runnables.config import ensure_config, set_config_context
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -276,18 +277,28 @@ def speceyes_tool(
             {"answer": out.get("answer"), "route": out.get("route"), "score": draft.get("score")}
         )
 
+    # The calling agent's messages stream gets the tool's result, not the inner run's
+    # messages (with subgraphs=True it would get the judge prompt, agent turns, tool results):
+    # the inner run goes without LangGraph's messages handler, as in the chat graph. The
+    # ambient config is the one to filter: it links the run to the caller's streams and
+    # traces (a tool is handed a config without LangGraph's keys).
+
     def ask(question: str, images: list[str], options: list[str] | None = None) -> str:
+        inner = _without_message_stream(ensure_config())
+        query = {"question": question, "images": images, "options": options}
         try:
-            out = compiled.invoke({"question": question, "images": images, "options": options})
+            with set_config_context(inner) as context:
+                out = context.run(compiled.invoke, query, inner)
         except Exception as exc:  # e.g. a graph built with on_error="raise"
             raise ToolException(f"Error: {exc}") from None
         return compact(out)
 
     async def aask(question: str, images: list[str], options: list[str] | None = None) -> str:
+        inner = _without_message_stream(ensure_config())
+        query = {"question": question, "images": images, "options": options}
         try:
-            out = await compiled.ainvoke(
-                {"question": question, "images": images, "options": options}
-            )
+            with set_config_context(inner) as context:
+                out = await asyncio.create_task(compiled.ainvoke(query, inner), context=context)
         except Exception as exc:
             raise ToolException(f"Error: {exc}") from None
         return compact(out)

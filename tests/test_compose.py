@@ -1,5 +1,6 @@
 """SpecEyes inside other things: a chat front, a tool for other agents, clean streams."""
 
+import asyncio
 import base64
 import json
 
@@ -229,6 +230,40 @@ def test_speceyes_tool_inside_langchain_create_agent(scene):
     assert json.loads(tool_message.content)["route"] == "judged-agentic"
     assert len(tool_message.content) < 200  # compact: no transcripts, no pixels
     assert out["messages"][-1].content == "The answer is B."
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_the_tools_inner_run_stays_out_of_the_messages_stream(scene, asynchronous):
+    """An agent using the tool, streamed with ``messages`` and ``subgraphs=True``: only the
+    agent's own messages (its tool call, the tool's compact result, its answer), never the
+    inner graph's judge prompt, agent turns or tool results; ``updates`` still show them."""
+    from langchain.agents import create_agent
+
+    def supervisor(messages):
+        if messages[-1].type == "tool":
+            return AIMessage(content="Done: " + json.loads(messages[-1].content)["answer"])
+        call = {"name": "ask_about_images", "args": {"question": "tiny?", "images": [scene]}}
+        return AIMessage(content="", tool_calls=[{**call, "id": "c1"}])
+
+    agent = create_agent(
+        model=ScriptedChatModel(respond=supervisor),
+        tools=[speceyes_tool(create_speceyes_graph(**models()))],
+    )
+    question = {"messages": [HumanMessage(content="What is in the picture?")]}
+    options = {"stream_mode": ["messages", "updates"], "subgraphs": True}
+    if asynchronous:
+
+        async def collect():
+            return [c async for c in agent.astream(question, **options)]
+
+        chunks = asyncio.run(collect())
+    else:
+        chunks = list(agent.stream(question, **options))
+    messages = [(ns, c[0].type) for ns, mode, c in chunks if mode == "messages"]
+    assert all(ns == () for ns, _ in messages), messages
+    assert [t for _, t in messages] == ["ai", "tool", "ai"]
+    inner = {next(iter(c)) for ns, mode, c in chunks if mode == "updates" and ns}
+    assert {"judge", "agent", "tools"} <= inner
 
 
 def test_standard_xray_drawing_works(scene):
