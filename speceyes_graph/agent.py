@@ -158,6 +158,7 @@ def create_agent_loop(
     # A served model continues Thyme's assistant turn when the server is told to (vLLM and
     # SGLang: continue_final_message); a local ChatTransformersVLM does it by itself.
     served = hasattr(bare_model(model), "extra_body") and protocol == "thyme"
+    own_deadlines = bool(getattr(bare_model(model), "handles_deadlines", False))
     code_tool = next(iter(tool_names), "python_sandbox")
 
     def steps_allowed(state: AgentLoopState) -> int:
@@ -198,7 +199,7 @@ def create_agent_loop(
                     messages,
                     "agent model call",
                     timeout=state.get("model_timeout_s"),
-                    inline=getattr(model, "handles_deadlines", False),
+                    inline=own_deadlines,
                     kwargs={**stop, **extra},
                 )
                 latency = time.perf_counter() - t0

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import Sequence
@@ -33,7 +32,7 @@ from typing_extensions import TypedDict
 
 from speceyes_tools.images import ImageStore, default_store
 
-from .effects import Blocking, Steps, Subgraph, node
+from .effects import Blocking, Steps, Subgraph, arun_steps, node, run_steps
 from .graph import create_speceyes_graph
 from .messages import dehydrate, image_ref
 from .protocol import message_text
@@ -140,6 +139,15 @@ def _without_message_stream(config: RunnableConfig) -> RunnableConfig:
     return {**config, "callbacks": kept}
 
 
+def _run_unstreamed(graph: Any, query: dict[str, Any], config: RunnableConfig) -> Steps:
+    """Run the SpecEyes graph inside a caller (the chat graph's node, the tool) without the
+    caller's messages stream (:func:`_without_message_stream`), set as the ambient config
+    too: LangGraph merges the ambient callbacks back otherwise."""
+    inner = _without_message_stream(config)
+    with set_config_context(inner) as context:
+        return (yield Subgraph(graph, query, inner, context=context))
+
+
 def chat_query(messages: Sequence[BaseMessage]) -> dict[str, Any] | None:
     """The SpecEyes query of a chat turn, or None when there is no question: the last human
     message's text (:func:`split_options`) and its images, else the latest images of the
@@ -210,13 +218,11 @@ def create_speceyes_chat_graph(
                 "agent_steps": [],
                 "error": None,
             }
-        inner = _without_message_stream(config)
-        with set_config_context(inner) as context:  # the ambient config too: LangGraph merges it
-            # Without checkpoints of its own: the chat thread's checkpoints hold the turn (its
-            # question is in the messages), and a resumed turn runs the query again from
-            # intake. `speceyes` itself stays the subgraph that xray drawings and Studio show.
-            run = speceyes.copy(update={"checkpointer": False})
-            out = yield Subgraph(run, query, inner, context=context)
+        # Without checkpoints of its own: the chat thread's checkpoints hold the turn (its
+        # question is in the messages), and a resumed turn runs the query again from intake.
+        # `speceyes` itself stays the subgraph that xray drawings and Studio show.
+        run = speceyes.copy(update={"checkpointer": False})
+        out = yield from _run_unstreamed(run, query, config)
         draft = out.get("draft") or {}
         meta = {"speceyes": {"route": out.get("route"), "score": draft.get("score")}}
         text = _spelled_out(out.get("answer"), query["options"]) or (
@@ -278,27 +284,21 @@ def speceyes_tool(
         )
 
     # The calling agent's messages stream gets the tool's result, not the inner run's
-    # messages (with subgraphs=True it would get the judge prompt, agent turns, tool results):
-    # the inner run goes without LangGraph's messages handler, as in the chat graph. The
-    # ambient config is the one to filter: it links the run to the caller's streams and
-    # traces (a tool is handed a config without LangGraph's keys).
+    # messages, as in the chat graph. The ambient config is the one to filter: it links the
+    # run to the caller's streams and traces (a tool is handed a config without LangGraph's).
 
     def ask(question: str, images: list[str], options: list[str] | None = None) -> str:
-        inner = _without_message_stream(ensure_config())
         query = {"question": question, "images": images, "options": options}
         try:
-            with set_config_context(inner) as context:
-                out = context.run(compiled.invoke, query, inner)
+            out = run_steps(_run_unstreamed(compiled, query, ensure_config()))
         except Exception as exc:  # e.g. a graph built with on_error="raise"
             raise ToolException(f"Error: {exc}") from None
         return compact(out)
 
     async def aask(question: str, images: list[str], options: list[str] | None = None) -> str:
-        inner = _without_message_stream(ensure_config())
         query = {"question": question, "images": images, "options": options}
         try:
-            with set_config_context(inner) as context:
-                out = await asyncio.create_task(compiled.ainvoke(query, inner), context=context)
+            out = await arun_steps(_run_unstreamed(compiled, query, ensure_config()))
         except Exception as exc:
             raise ToolException(f"Error: {exc}") from None
         return compact(out)
