@@ -134,6 +134,18 @@ def load_model(spec: Any, role: str, **settings: Any) -> Any:
     return load_chat_model(spec, **settings)
 
 
+def _batch_tokens(value: str) -> int | str | None:
+    if value.lower() in ("auto", "none"):
+        return None if value.lower() == "none" else "auto"
+    try:
+        tokens = int(value)
+    except ValueError:
+        tokens = 0
+    if tokens < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: write a positive number, auto or none")
+    return tokens
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .benchmarks import load_benchmark, run_benchmark
     from .benchmarks.datasets import count_benchmark
@@ -155,6 +167,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             top_logprobs=gate.k,
             max_new_tokens=20,
             batch_size=args.batch_size,
+            max_batch_tokens=args.max_batch_tokens,
         )
     if "large" in specs:
         large = load_model(
@@ -163,6 +176,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             top_logprobs=None,
             max_new_tokens=args.max_new_tokens,
             batch_size=args.batch_size,
+            max_batch_tokens=args.max_batch_tokens,
         )
     settings: dict = {"max_agent_steps": args.max_agent_steps, "tools": args.tools}
     if all(spec.kind == "demo" for spec in specs.values()):
@@ -475,6 +489,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--batch-size", type=int, default=16, help="max batch per model call (2x queries in flight)"
+    )
+    p.add_argument(
+        "--max-batch-tokens",
+        type=_batch_tokens,
+        default="auto",
+        help="local models: most padded tokens per batch; 'auto' (default: from free GPU "
+        "memory) or 'none' (count only)",
     )
     p.add_argument(
         "--max-new-tokens",

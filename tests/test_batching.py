@@ -58,7 +58,7 @@ def test_a_failing_request_fails_only_its_caller():
 def test_a_failing_batch_is_retried_one_by_one():
     def run(key, payloads):
         if len(payloads) > 1:
-            raise RuntimeError("out of memory for this batch")
+            raise RuntimeError("a kernel failed for this batch")
         if payloads[0] == 13:
             raise RuntimeError("this one is broken")
         return [payloads[0] + 1]

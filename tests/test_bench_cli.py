@@ -48,6 +48,7 @@ def suite(tmp_path_factory):
         ),
         (["--mode", "small", "--small", "/no/such/ckpt/"], "neither a folder, a hub id"),
         (["--small", "tiny:/nowhere", "--large", "tiny:/nowhere"], "not a tiny checkpoint"),
+        (["--mode", "small", "--small", "demo", "--max-batch-tokens", "0"], "a positive number"),
         (
             ["--small", "demo", "--large", "ChenShawn/DeepEyes-7B"],
             "demo for both models or for neither",

@@ -281,7 +281,7 @@ def test_max_retries_retries_a_failed_generation(processor, scene):
 
     assert scripted_chat_model(processor, flaky, max_retries=1).invoke(ask(scene)).content == "ok"
     failures["left"] = 1
-    with pytest.raises(RuntimeError, match="out of memory"):
+    with pytest.raises(MemoryError, match="out of memory generating 1 request"):
         scripted_chat_model(processor, flaky).invoke(ask(scene))
 
 

@@ -25,6 +25,12 @@ Different models have different schedulers (and worker threads), so the small mo
 drafts, the large model's judge calls and agent steps of other queries proceed at the same
 time instead of in lockstep phases. One failing request fails only its caller: if a
 batched call raises, its requests are retried one by one and only the broken ones fail.
+
+With a token budget (``batch_tokens`` and a :class:`~speceyes_graph.models.memory.TokenBudget`)
+a batch also stops growing before its padded token count passes the budget; a request
+larger than the budget runs alone. A batch that runs out of memory anyway is split in
+halves and retried (each half may split again), and the budget is lowered so the next
+batches are formed smaller; a single request that does not fit fails alone, saying so.
 """
 
 from __future__ import annotations
@@ -44,7 +50,9 @@ from typing import Any
 
 from speceyes_tools.deadlines import DeadlineExceeded, time_left
 
-__all__ = ["BatchScheduler", "BatchStats", "CancelScope", "RowKeys"]
+from .memory import TokenBudget, is_out_of_memory, release_cached_memory
+
+__all__ = ["BatchOutOfMemory", "BatchScheduler", "BatchStats", "CancelScope", "RowKeys"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +100,10 @@ class RowKeys(tuple):
     """The key of a batch whose requests have different (compatible) keys: one per row."""
 
 
+class BatchOutOfMemory(MemoryError):
+    """One request ran out of memory on its own: it fails; the others go on."""
+
+
 @dataclass
 class _Request:
     key: Hashable
@@ -102,12 +114,18 @@ class _Request:
 
 @dataclass
 class BatchStats:
-    """What the scheduler did: how many batched calls, of which sizes."""
+    """What the scheduler did: how many batched calls, of which sizes, how many ran out of
+    memory, and how the token budget moved (``budget_cuts``: (from, to) each time)."""
 
     calls: int = 0
     requests: int = 0
     sizes: Counter = field(default_factory=Counter)
     retried_alone: int = 0
+    out_of_memory: int = 0  # batched calls that ran out of memory
+    split: int = 0  # of those, split in halves and retried
+    max_tokens: int = 0  # the largest batch, in padded tokens (with a budget)
+    max_batch_tokens: int | None = None  # the budget now
+    budget_cuts: list = field(default_factory=list)
     busy_s: float = 0.0  # inside run_batch
     queued_s: float = 0.0  # summed over requests: submit to the start of their batch
 
@@ -124,7 +142,8 @@ class BatchScheduler:
     """Runs ``run_batch(key, payloads) -> results`` on coalesced requests in a worker thread.
 
     ``run_batch`` returns one result per payload, in order; an item may be an ``Exception``
-    instance, which fails only that request.
+    instance, which fails only that request. ``batch_tokens(keys, payloads)``, given with a
+    ``budget``, is the padded token count of a would-be batch.
     """
 
     def __init__(
@@ -135,6 +154,8 @@ class BatchScheduler:
         max_wait_s: float = 0.005,
         max_expect_s: float = 0.5,
         can_join: Callable[[Hashable, Hashable], bool] | None = None,
+        batch_tokens: Callable[[Sequence[Hashable], Sequence[Any]], int] | None = None,
+        budget: TokenBudget | None = None,
         name: str = "speceyes-batcher",
     ):
         if max_batch_size < 1:
@@ -144,7 +165,9 @@ class BatchScheduler:
         self.max_wait_s = max_wait_s
         self.max_expect_s = max_expect_s
         self.can_join = can_join
-        self.stats = BatchStats()
+        self.batch_tokens = batch_tokens
+        self.budget = budget if batch_tokens is not None else None
+        self.stats = BatchStats(max_batch_tokens=self.budget.limit if self.budget else None)
         self._expected: dict[Hashable, list[float]] = {}  # by key: expiry of each announcement
         self._queues: dict[Hashable, deque[_Request]] = {}
         self._cond = threading.Condition()
@@ -253,26 +276,60 @@ class BatchScheduler:
                 overdue = [
                     k for k, q in pending.items() if now - q[0].enqueued >= self.max_expect_s
                 ]
-                full = [k for k, q in pending.items() if len(q) >= self.max_batch_size]
+                full = [  # by count, or by tokens: the waiting requests do not all fit
+                    k
+                    for k, q in pending.items()
+                    if len(q) >= self.max_batch_size or len(self._fit(q)) < len(q)
+                ]
                 key = min(overdue or full or pending, key=lambda k: pending[k][0].enqueued)
                 queue = pending[key]
                 wait = self.max_expect_s if self._announced(key, now) else self.max_wait_s
                 remaining = queue[0].enqueued + wait - now
                 if overdue or full or remaining <= 0 or self._closed:
-                    batch = [queue.popleft() for _ in range(min(len(queue), self.max_batch_size))]
-                    return batch + self._riders(key, pending, self.max_batch_size - len(batch))
+                    batch = self._fit(queue)
+                    for r in batch:
+                        queue.remove(r)
+                    return batch + self._riders(key, pending, batch)
                 self._cond.wait(remaining)
 
-    def _riders(self, key: Hashable, pending: dict, room: int) -> list[_Request]:
+    def _fit(
+        self, candidates: Sequence[_Request], batch: Sequence[_Request] = ()
+    ) -> list[_Request]:
+        """The candidates, in order, that join ``batch`` within the count and the token
+        budget; one that would pass the budget is skipped (it leads a later batch). The
+        first request of a batch always goes: a request larger than the budget runs alone."""
+        chosen = list(batch)
+        for looked, r in enumerate(candidates):
+            if len(chosen) >= self.max_batch_size or looked >= 4 * self.max_batch_size:
+                break  # the scan is bounded: a long queue must not hold the lock long
+            if chosen and not self._within_budget([*chosen, r]):
+                continue
+            chosen.append(r)
+        return chosen[len(batch) :]
+
+    def _tokens(self, batch: Sequence[_Request]) -> int:
+        """The padded tokens of ``batch``; 0 (it fits) for payloads that cannot be counted,
+        which then fail in ``run_batch`` on their own rather than stop the worker here."""
+        assert self.batch_tokens is not None
+        try:
+            return self.batch_tokens([r.key for r in batch], [r.payload for r in batch])
+        except Exception:  # noqa: BLE001 - a malformed payload fails its own call later
+            return 0
+
+    def _within_budget(self, batch: Sequence[_Request]) -> bool:
+        return self.budget is None or self.budget.fits(self._tokens(batch))
+
+    def _riders(self, key: Hashable, pending: dict, batch: list[_Request]) -> list[_Request]:
         """Waiting requests of other keys that may join ``key``'s batch (lock held), oldest
         first: they would otherwise wait for this batch to finish and then run their own."""
-        if self.can_join is None or room <= 0:
+        if self.can_join is None or len(batch) >= self.max_batch_size:
             return []
         others = [k for k in pending if k != key and pending[k] and self.can_join(key, k)]
-        waiting = sorted((r for k in others for r in pending[k]), key=lambda r: r.enqueued)[:room]
-        for r in waiting:
+        waiting = sorted((r for k in others for r in pending[k]), key=lambda r: r.enqueued)
+        riders = self._fit(waiting, batch)
+        for r in riders:
             self._queues[r.key].remove(r)
-        return waiting
+        return riders
 
     def _loop(self) -> None:
         while True:
@@ -291,20 +348,34 @@ class BatchScheduler:
         self.stats.requests += len(batch)
         self.stats.sizes[len(batch)] += 1
         self.stats.queued_s += sum(started - r.enqueued for r in batch)
+        tokens = self._tokens(batch) if self.batch_tokens is not None else None
+        self.stats.max_tokens = max(self.stats.max_tokens, tokens or 0)
+        if self.budget is not None:
+            self.stats.max_batch_tokens = self.budget.limit
+        failure: Exception | None = None
         try:
-            try:
-                results = list(self.run_batch(key, [r.payload for r in batch]))
-            finally:
-                self.stats.busy_s += time.monotonic() - started
+            results = list(self.run_batch(key, [r.payload for r in batch]))
             if len(results) != len(batch):
                 raise RuntimeError(
                     f"run_batch returned {len(results)} results for {len(batch)} requests"
                 )
         except Exception as exc:
+            failure = exc
+        finally:
+            self.stats.busy_s += time.monotonic() - started
+        if failure is not None and is_out_of_memory(failure):
+            # Retried outside the except block, the failed attempt's traceback (and the
+            # activations its frames hold) dropped first: otherwise the retry would run
+            # with the memory that ran out still taken.
+            message = str(failure)
+            failure = None
+            self._out_of_memory(batch, tokens, message)
+            return
+        if failure is not None:
             if len(batch) == 1:
-                batch[0].future.set_exception(exc)
+                batch[0].future.set_exception(failure)
                 return
-            log.warning("batched call of %d failed (%s); retrying one by one", len(batch), exc)
+            log.warning("batched call of %d failed (%s); retrying one by one", len(batch), failure)
             for r in batch:
                 self.stats.retried_alone += 1
                 self._run([r])
@@ -314,3 +385,43 @@ class BatchScheduler:
                 r.future.set_exception(result)
             else:
                 r.future.set_result(result)
+
+    def _out_of_memory(self, batch: list[_Request], tokens: int | None, message: str) -> None:
+        """Split a batch that ran out of memory in halves and run each (either may split
+        again), after lowering the budget; a request alone fails with ``message``."""
+        release_cached_memory()
+        self.stats.out_of_memory += 1
+        if self.budget is not None and tokens is not None:
+            self.budget.cut(tokens, len(batch))
+            self.stats.max_batch_tokens = self.budget.limit
+            self.stats.budget_cuts = list(self.budget.cuts)
+        if len(batch) == 1:
+            budget = (
+                "" if self.budget is None else f" (max_batch_tokens is now {self.budget.limit:,})"
+            )
+            batch[0].future.set_exception(
+                BatchOutOfMemory(
+                    f"{message}; it does not fit on its own{budget}: lower the image resolution "
+                    "(the processor's max_pixels), max_tokens, or the images an agent turn "
+                    "carries, or use a device with more memory"
+                )
+            )
+            return
+        half = len(batch) // 2
+        log.warning(
+            "batched call of %d (%s tokens) ran out of memory; retrying as %d + %d",
+            len(batch), "?" if tokens is None else f"{tokens:,}", half, len(batch) - half,
+        )  # fmt: skip
+        self.stats.split += 1
+        for part in (batch[:half], batch[half:]):
+            self._run_within_budget(part)
+
+    def _run_within_budget(self, batch: list[_Request]) -> None:
+        """Run ``batch``, halved first as often as the (lowered) budget requires: a part
+        known not to fit is not tried."""
+        if len(batch) > 1 and self.batch_tokens is not None and not self._within_budget(batch):
+            half = len(batch) // 2
+            self._run_within_budget(batch[:half])
+            self._run_within_budget(batch[half:])
+        else:
+            self._run(batch)

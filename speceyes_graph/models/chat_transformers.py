@@ -22,16 +22,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import queue
 import threading
 import time
 from collections.abc import Hashable, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.chat_models import LangSmithParams
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list
@@ -45,8 +44,10 @@ from speceyes_tools.images import ResizeSpec
 from .batching import BatchScheduler
 from .conversion import convert_messages, special_token_escaper
 from .families import processor_resize
-from .generation import BatchedGeneration, TokenStreamer, can_join
+from .generation import BatchedGeneration, can_join
 from .image_cache import CachedImageProcessor, CachedVisionEncoder, image_keys
+from .memory import TokenBudget, default_batch_tokens
+from .streaming import stream_reply
 
 __all__ = ["ChatTransformersVLM"]
 
@@ -90,6 +91,13 @@ class ChatTransformersVLM(BaseChatModel):
     device_map: str | None = None
     attn_implementation: str | None = None
     max_batch_size: int = 16
+    max_batch_tokens: int | Literal["auto"] | None = Field(
+        default="auto",
+        description="The most padded tokens one batch may hold (rows x (longest prompt + "
+        "longest max_tokens)); a request over it runs alone. 'auto': half the GPU memory free "
+        "when the first batch forms over an estimate of one token's cost, or 65,536 on a CPU; "
+        "None: batches are bounded by count only. Lowered when a batch runs out of memory.",
+    )
     max_wait_ms: float = 5.0
     parse_tool_calls: bool = True
     join_batches: bool = Field(
@@ -188,11 +196,22 @@ class ChatTransformersVLM(BaseChatModel):
         self._generation = BatchedGeneration(
             self._hf_model, self._processor, self.model, self.parse_tool_calls
         )
+        if self.max_batch_tokens == "auto":
+            model = self._hf_model
+            budget = TokenBudget(None, derive=lambda: default_batch_tokens(model))
+        elif self.max_batch_tokens is None or self.max_batch_tokens >= 1:
+            budget = TokenBudget(self.max_batch_tokens)
+        else:
+            raise ValueError(
+                f"max_batch_tokens must be positive, 'auto' or None, got {self.max_batch_tokens}"
+            )
         self._scheduler = BatchScheduler(
             self._generation.run_batch,
             max_batch_size=self.max_batch_size,
             max_wait_s=self.max_wait_ms / 1000,
             can_join=can_join if self.join_batches else None,
+            batch_tokens=self._generation.batch_tokens,
+            budget=budget,
             name=f"batcher:{self.model}",
         )
 
@@ -354,7 +373,23 @@ class ChatTransformersVLM(BaseChatModel):
             "tools": bool(tools),
             "prefix": prefill,
             "image_keys": converted.image_keys,
+            **self._token_counts(inputs),
         }
+
+    def _token_counts(self, inputs: Any) -> dict:
+        """What a request weighs in a batch's token budget, from the processor's output:
+        prompt tokens (text and image placeholders) and, from the image grid, the image
+        tokens and each image's size as the model sees it (resized)."""
+        counts: dict[str, Any] = {"n_prompt": int(inputs["input_ids"].shape[1])}
+        grid = inputs.get("image_grid_thw")
+        if grid is not None:
+            images = self._processor.image_processor
+            patch = int(getattr(images, "patch_size", 14) or 14)
+            merge = int(getattr(images, "merge_size", 2) or 2)
+            rows = [tuple(int(v) for v in row) for row in grid.tolist()]
+            counts["image_tokens"] = sum(t * h * w for t, h, w in rows) // merge**2
+            counts["image_sizes"] = [(w * patch, h * patch) for _, h, w in rows]
+        return counts
 
     # --- LangChain entry points ----------------------------------------------------------------
 
@@ -479,67 +514,5 @@ class ChatTransformersVLM(BaseChatModel):
         if kwargs.pop("announced", False):  # a stream is not batched: nothing to wait for
             self.scheduler.expect(key, -1)
         prepared = self._prepare(messages, **request)
-        stops: tuple = key[2]  # type: ignore[index]
-        tokens: queue.SimpleQueue = queue.SimpleQueue()
-        result: dict[str, Any] = {}
-        streamer = TokenStreamer(tokens)
-
-        def generate() -> None:
-            try:
-                result["message"] = self._generation.run_batch(key, [prepared], streamer)[0]
-            except BaseException as exc:  # handed to the consumer below
-                result["error"] = exc
-            finally:
-                tokens.put(None)
-
         # no context-variable scope here: a generator's steps may run in different contexts
-        left = time_left(self.timeout)
-        ends_at = None if left is None else time.monotonic() + left
-        threading.Thread(target=generate, name="speceyes-stream", daemon=True).start()
-        tokenizer = self._processor.tokenizer
-        hold = max((len(s) for s in stops), default=1) - 1  # a stop string may be forming
-        ids: list[int] = []
-        stopped = False
-        sent = prepared["prefix"]
-        if sent:  # the forced start of the reply (tool_choice) comes first
-            yield ChatGenerationChunk(message=AIMessageChunk(content=sent))
-        while True:
-            try:
-                wait = None if ends_at is None else max(0.0, ends_at - time.monotonic())
-                token = tokens.get(timeout=wait)
-            except queue.Empty:
-                raise DeadlineExceeded("the deadline passed while streaming") from None
-            if token is None:
-                break
-            ids.extend(token)
-            if stopped:
-                continue  # past a stop string: drain the rest, show nothing more
-            text = prepared["prefix"] + tokenizer.decode(ids, skip_special_tokens=True)
-            if text.endswith("\ufffd"):  # an incomplete character: wait for the rest
-                continue
-            cuts = [i for i in (text.find(s, len(prepared["prefix"])) for s in stops) if i >= 0]
-            stopped = bool(cuts)
-            text = text[: min(cuts)] if cuts else text
-            ready = text if stopped else text[: max(len(sent), len(text) - hold)]
-            if len(ready) > len(sent) and ready.startswith(sent):
-                yield ChatGenerationChunk(message=AIMessageChunk(content=ready[len(sent) :]))
-                sent = ready
-        if "error" in result:
-            raise result["error"]
-        final: AIMessage = result["message"]
-        text = final.content if isinstance(final.content, str) else ""
-        if not text.startswith(sent):  # cannot happen with one token per step; never silent
-            log.warning("streamed text %r is not a prefix of the final reply %r", sent, text)
-        rest = text[len(sent) :] if text.startswith(sent) else ""
-        yield ChatGenerationChunk(
-            message=AIMessageChunk(
-                content=rest,
-                response_metadata=final.response_metadata,
-                usage_metadata=final.usage_metadata,
-                tool_call_chunks=[
-                    {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": i}
-                    for i, c in enumerate(final.tool_calls)
-                ],
-                chunk_position="last",
-            )
-        )
+        yield from stream_reply(self._generation, key, prepared, time_left(self.timeout))

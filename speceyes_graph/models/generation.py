@@ -10,7 +10,6 @@ prepares the requests and hands batches here from its batch worker.
 from __future__ import annotations
 
 import contextlib
-import queue
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -20,8 +19,9 @@ from langchain_core.messages.ai import UsageMetadata
 from ..protocol import parse_deepeyes
 from .batching import RowKeys
 from .image_cache import vision_keys
+from .memory import is_out_of_memory
 
-__all__ = ["BatchedGeneration", "TokenStreamer", "can_join"]
+__all__ = ["BatchedGeneration", "can_join"]
 
 
 class BatchedGeneration:
@@ -34,6 +34,32 @@ class BatchedGeneration:
         self.parse_tool_calls = parse_tool_calls
         self._pieces: dict[int, str] = {}  # token id -> text, for 64 top-K tokens a step
         self._stream: Any = None
+
+    @staticmethod
+    def batch_tokens(keys: Sequence[Hashable], prepared: Sequence[dict]) -> int:
+        """Padded tokens of a would-be batch: every row is as long as the longest prompt plus
+        the longest ``max_new_tokens`` (what the KV cache and activations are sized by)."""
+        longest = max(p["n_prompt"] for p in prepared)
+        return len(prepared) * (longest + max(k[0] for k in keys))
+
+    @staticmethod
+    def describe(keys: Sequence[Hashable], prepared: Sequence[dict]) -> str:
+        """A batch in the words an out-of-memory error needs: tokens and image sizes."""
+        tokens = BatchedGeneration.batch_tokens(keys, prepared)
+        images = [size for p in prepared for size in p.get("image_sizes", ())]
+        image_tokens = sum(p.get("image_tokens", 0) for p in prepared)
+        largest = max(images, key=lambda wh: wh[0] * wh[1], default=None)
+        seen = (
+            f"; {len(images)} image(s), {image_tokens:,} image tokens, the largest "
+            f"{largest[0]}x{largest[1]} px as the model sees it"
+            if largest
+            else "; no images"
+        )
+        rows = "1 request" if len(prepared) == 1 else f"a batch of {len(prepared)} requests"
+        return (
+            f"{rows} of {tokens:,} tokens (prompt {max(p['n_prompt'] for p in prepared):,}, "
+            f"{max(k[0] for k in keys):,} new{seen})"
+        )
 
     def _collate(self, prepared: Sequence[dict]) -> dict:
         import torch
@@ -89,8 +115,19 @@ class BatchedGeneration:
         if streamer is not None:
             gen_kwargs["streamer"] = streamer
         images = [k for p in prepared for k in p.get("image_keys", ())]
+        out_of_memory = None
         with torch.inference_mode(), self._own_stream(), vision_keys(images):
-            out = self.hf_model.generate(**inputs, **gen_kwargs)
+            try:
+                out = self.hf_model.generate(**inputs, **gen_kwargs)
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                out_of_memory = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"
+            if out_of_memory is not None:  # raised outside the except: no frames kept alive
+                del inputs
+                raise MemoryError(
+                    f"out of memory generating {self.describe(rows, prepared)}: {out_of_memory}"
+                )
             generated = out.sequences[:, prompt_len:].tolist()
             step_top = None
             if top_k:  # per step: log-softmax of the raw logits, top-K only (never [B, T, V])
@@ -198,24 +235,6 @@ class BatchedGeneration:
         return AIMessage(
             content=text, tool_calls=calls, response_metadata=metadata, usage_metadata=usage
         )
-
-
-class TokenStreamer:
-    """The smallest ``transformers`` streamer: generated token ids into a queue (the first
-    ``put`` is the prompt, which is skipped)."""
-
-    def __init__(self, tokens: queue.SimpleQueue):
-        self.tokens = tokens
-        self.prompt_seen = False
-
-    def put(self, value: Any) -> None:
-        if not self.prompt_seen:
-            self.prompt_seen = True
-            return
-        self.tokens.put([int(t) for t in value.reshape(-1).tolist()])
-
-    def end(self) -> None:
-        pass
 
 
 def can_join(batch_key: Hashable, key: Hashable) -> bool:

@@ -112,9 +112,15 @@ def _check_hub(repo_id: str) -> None:
 
 
 def load_chat_model(
-    spec: ModelSpec, *, top_logprobs: int | None, max_new_tokens: int, batch_size: int
+    spec: ModelSpec,
+    *,
+    top_logprobs: int | None,
+    max_new_tokens: int,
+    batch_size: int,
+    max_batch_tokens: int | str | None = "auto",
 ) -> Any:
-    """The chat model a checked spec names."""
+    """The chat model a checked spec names (``max_batch_tokens``: local models only; a
+    server batches by its own rules)."""
     if spec.kind == "openai":
         from .openai_compat import openai_chat_model
 
@@ -137,4 +143,5 @@ def load_chat_model(
         top_logprobs=top_logprobs,
         max_new_tokens=max_new_tokens,
         max_batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
     )
