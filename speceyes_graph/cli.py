@@ -230,7 +230,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"{summary['total']} queries recorded in {args.out} ({summary['written']} this run); "
         f"accuracy {summary['accuracy']:.3f}; routes {summary['routes']}"
     )
+    for line in _batching_lines({"small": small, "large": large}):
+        print(line)
     return 0
+
+
+def _batching_lines(models: dict[str, Any]) -> list[str]:
+    """How each local model's calls batched this run, and any memory trouble (a batch that
+    ran out of memory was split and the token budget lowered: worth knowing at scale)."""
+    lines = []
+    for role, model in models.items():
+        stats = getattr(getattr(model, "scheduler", None), "stats", None)
+        if stats is None or not stats.calls:
+            continue
+        line = (
+            f"{role}: {stats.calls} generate call{'s' if stats.calls != 1 else ''}, "
+            f"mean batch {stats.mean_batch:.1f}, "
+            f"largest {stats.max_tokens:,} padded tokens"
+        )
+        if stats.out_of_memory:
+            line += (
+                f"; {stats.out_of_memory} ran out of memory ({stats.split} split), "
+                f"max_batch_tokens now {stats.max_batch_tokens}"
+            )
+        lines.append(line)
+    return lines
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

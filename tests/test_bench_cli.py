@@ -83,6 +83,10 @@ def test_the_demo_spec_runs_with_its_prompts(suite, tmp_path):
     assert len(records) == 4 and not any(r["error"] for r in records)
     run = json.loads((out / "run.json").read_text())
     assert run["sessions"][0]["settings"]["small"] == "demo"
+    assert run["sessions"][0]["settings"]["max_batch_tokens"] == "auto"
+    assert (
+        "large: " in r.stdout and "generate call" in r.stdout and "mean batch" in r.stdout
+    )  # how it batched
     # the demo agent speaks its own short prompt, not the 290-token DeepEyes declaration
     agentic = [r for r in records if r["agent_steps"]]
     assert all(len(r["agent_steps"]) <= 4 for r in agentic)

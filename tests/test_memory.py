@@ -273,3 +273,19 @@ def test_specs_and_the_cli_pass_the_budget_on(tiny_models):
         batch_size=4, max_batch_tokens=4000,
     )  # fmt: skip
     assert model.scheduler.budget.limit == 4000 and model.scheduler.max_batch_size == 4
+
+
+def test_bench_prints_how_each_model_batched_and_any_memory_trouble():
+    from speceyes_graph.cli import _batching_lines
+    from speceyes_graph.models import BatchStats
+
+    stats = BatchStats(calls=3, requests=6, out_of_memory=1, split=1, max_tokens=900)
+    stats.max_batch_tokens = 450
+    served = SimpleNamespace()  # no scheduler: batches on its server
+    lines = _batching_lines(
+        {"small": served, "large": SimpleNamespace(scheduler=SimpleNamespace(stats=stats))}
+    )
+    assert lines == [
+        "large: 3 generate calls, mean batch 2.0, largest 900 padded tokens; "
+        "1 ran out of memory (1 split), max_batch_tokens now 450"
+    ]
