@@ -132,6 +132,9 @@ def create_agent_loop(
     resize: ResizeSpec | None = None,
     store: ImageStore | None = None,
     options: LoopOptions | None = None,
+    keep_logprobs: bool = False,
+    name: str = "agent",
+    max_tokens: int | None = None,
 ) -> StateGraph:
     """The uncompiled ``agent_loop`` subgraph.
 
@@ -140,6 +143,11 @@ def create_agent_loop(
     last ``<answer>``, else the rejected draft if there was one; ``stop_reason`` says which
     (``options.on_step_limit="error"``: the query fails, as in the published evaluation).
     Compile and invoke with ``recursion_limit=recursion_limit(max_steps)`` or more.
+    ``keep_logprobs``: the turn that answers keeps its reply's log-probs in its step
+    (``logprobs``; not in the streamed event), so a gate can score the answer (the small
+    model's loop of depth-D speculation). ``name`` names the model's runs in traces
+    (``{name}_model``) and the streamed events (``{name}_step``). ``max_tokens``: each
+    turn's generation length (default: the model's own setting).
     """
     options = options or LoopOptions()
     if max_steps < 1:
@@ -150,11 +158,13 @@ def create_agent_loop(
     tool_names = {t.name for t in tools}
     system = agent_system_prompt(protocol, prompts, tools)
     bound = model.bind_tools(tools) if protocol == "native" and tools else model
-    bound = bound.with_config(tags=[TAG_NOSTREAM], run_name="agent_model")
+    bound = bound.with_config(tags=[TAG_NOSTREAM], run_name=f"{name}_model")
     stops = options.stop
     if protocol == "thyme" and stops == LoopOptions.stop:
         stops = THYME_STOP
-    stop = {"stop": list(stops)} if protocol in ("deepeyes", "thyme") and stops else {}
+    turn_kwargs = {"stop": list(stops)} if protocol in ("deepeyes", "thyme") and stops else {}
+    if max_tokens:
+        turn_kwargs["max_tokens"] = max_tokens
     # A served model continues Thyme's assistant turn when the server is told to (vLLM and
     # SGLang: continue_final_message); a local ChatTransformersVLM does it by itself.
     served = hasattr(bare_model(model), "extra_body") and protocol == "thyme"
@@ -200,7 +210,7 @@ def create_agent_loop(
                     "agent model call",
                     timeout=state.get("model_timeout_s"),
                     inline=own_deadlines,
-                    kwargs={**stop, **extra},
+                    kwargs={**turn_kwargs, **extra},
                 )
                 latency = time.perf_counter() - t0
         except Exception as exc:  # the model failed: this query fails, the batch goes on
@@ -252,7 +262,10 @@ def create_agent_loop(
                 correction = "\n".join(problems) + "\n" + prompts.agent_suffix.lstrip("\n")
             if not problems:
                 step["problem"] = "no tool call and no <answer>"
-        emit_event({"agent_step": step})  # stream_mode="custom": watch the loop turn by turn
+        emit_event({f"{name}_step": step})  # stream_mode="custom": watch the loop turn by turn
+        if keep_logprobs and answer is not None:
+            metadata = getattr(reply, "response_metadata", None) or {}
+            step = {**step, "logprobs": metadata.get("logprobs")}
         return {
             "started_at": started,
             "messages": new,

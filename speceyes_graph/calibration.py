@@ -21,6 +21,12 @@ valid (aggregation, tau) accepting the most drafts wins. Why not a concentration
 
 The guarantee is for queries drawn like the calibration ones. ``calibrate`` can hold out a
 share of the run to report what happens on queries it did not see.
+
+Depth-D speculation has a second gate, on the small model's answer after its own tool steps
+(``tool_draft``). ``calibrate`` chooses its ``tau_depth`` the same way, from the same records
+with the tool drafts' scores and correctness, at the same EPS and DELTA and with the
+aggregation chosen for tau (a gate has one): the two losses fall on disjoint queries (tool-free
+or tool-needing), so together they cost at most 2 x EPS with probability >= 1 - 2 x DELTA.
 """
 
 from __future__ import annotations
@@ -63,9 +69,12 @@ def binomial_tail_pvalue(losses: int, n: int, eps: float) -> float:
     return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 
 
-def draft_scores(record: dict, aggregation: str, k: int | None = None) -> float | None:
-    """A record's acceptance score recomputed from its draft's sorted top-K log-probs."""
-    top = (record.get("draft") or {}).get("top_logprobs")
+def draft_scores(
+    record: dict, aggregation: str, k: int | None = None, key: str = "draft"
+) -> float | None:
+    """A record's acceptance score recomputed from its draft's sorted top-K log-probs
+    (``key="tool_draft"``: the answer of depth-D speculation)."""
+    top = (record.get(key) or {}).get("top_logprobs")
     if not top:
         return None
     m = np.asarray(top, dtype=float)
@@ -92,25 +101,44 @@ class Calibration:
     loss: str = "accepted, draft wrong, agent right"
     calibration: dict[str, Any] = field(default_factory=dict)
     holdout: dict[str, Any] = field(default_factory=dict)
+    tau_depth: float | None = None  # only when the records hold tool drafts (depth D > 0)
+    depth_calibration: dict[str, Any] = field(default_factory=dict)
+    depth_holdout: dict[str, Any] = field(default_factory=dict)
 
     def gate(self, base: GateConfig | None = None) -> GateConfig:
-        return (base or GateConfig()).replace(tau=self.tau, k=self.k, aggregation=self.aggregation)
+        return (base or GateConfig()).replace(
+            tau=self.tau, k=self.k, aggregation=self.aggregation, tau_depth=self.tau_depth
+        )
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps({"gate": asdict(self)}, indent=2))
 
 
-def _losses_and_scores(records, agent, aggregation, k):
+def _losses_and_scores(records, agent, aggregation, k, key="draft"):
     scores, losses = [], []
     for r in records:
-        s = draft_scores(r, aggregation, k)
+        s = draft_scores(r, aggregation, k, key)
         a = agent.get(r["id"], {}).get("correct", True) if agent is not None else True
         scores.append(-math.inf if s is None else s)
-        losses.append(int(bool(a) and not r.get("draft_correct")))
+        losses.append(int(bool(a) and not r.get(f"{key}_correct")))
     return np.asarray(scores), np.asarray(losses)
 
 
-def _evaluate(scores, losses, tau, records, agent):
+def _certified_tau(scores, losses, grid, max_drop, level) -> float | None:
+    """Fixed-sequence testing, most conservative tau first: the last tau whose risk > EPS
+    is rejected at ``level`` (None: not even the strictest)."""
+    candidates = grid or sorted(set(scores[np.isfinite(scores)].tolist()))
+    chosen = None
+    for tau in sorted(candidates, reverse=True):
+        accepted = scores > tau
+        p = binomial_tail_pvalue(int((accepted & (losses == 1)).sum()), len(scores), max_drop)
+        if p > level:
+            break
+        chosen = tau
+    return chosen
+
+
+def _evaluate(scores, losses, tau, records, agent, key="draft"):
     accepted = scores > tau
     n = len(scores)
     out = {
@@ -120,7 +148,7 @@ def _evaluate(scores, losses, tau, records, agent):
     }
     if agent is not None and n:
         base = np.asarray([bool(agent.get(r["id"], {}).get("correct")) for r in records])
-        drafts = np.asarray([bool(r.get("draft_correct")) for r in records])
+        drafts = np.asarray([bool(r.get(f"{key}_correct")) for r in records])
         out["agent_accuracy"] = float(base.mean())
         out["accuracy_with_gate"] = float(np.where(accepted, drafts, base).mean())
     return out
@@ -168,14 +196,7 @@ def calibrate(
     per_level = delta / len(aggregations)
     for aggregation in aggregations:
         scores, losses = _losses_and_scores(cal, agent, aggregation, k)
-        candidates = grid or sorted(set(scores[np.isfinite(scores)].tolist()))
-        chosen = None
-        for tau in sorted(candidates, reverse=True):  # most conservative first
-            accepted = scores > tau
-            p = binomial_tail_pvalue(int((accepted & (losses == 1)).sum()), len(cal), max_drop)
-            if p > per_level:
-                break
-            chosen = tau
+        chosen = _certified_tau(scores, losses, grid, max_drop, per_level)
         if chosen is not None:
             acceptance = float((scores > chosen).mean())
             if best is None or acceptance > best[0]:
@@ -198,4 +219,13 @@ def calibrate(
     if test:
         scores, losses = _losses_and_scores(test, agent, aggregation, k)
         result.holdout = _evaluate(scores, losses, tau, test, agent)
+    if any(r.get("tool_draft") for r in cal):  # depth-D speculation: its own threshold
+        key = "tool_draft"
+        scores, losses = _losses_and_scores(cal, agent, aggregation, k, key)
+        chosen = _certified_tau(scores, losses, grid, max_drop, delta)
+        result.tau_depth = 1.0 if chosen is None else float(chosen)
+        result.depth_calibration = _evaluate(scores, losses, result.tau_depth, cal, agent, key)
+        if test:
+            scores, losses = _losses_and_scores(test, agent, aggregation, k, key)
+            result.depth_holdout = _evaluate(scores, losses, result.tau_depth, test, agent, key)
     return result

@@ -100,6 +100,10 @@ def check_bench_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             parser.error(f"--{name.replace('_', '-')} must be at least {low}")
     if args.max_agent_steps is not None and args.max_agent_steps < 1:
         parser.error("--max-agent-steps must be at least 1")
+    if args.speculation_depth < 0:
+        parser.error("--speculation-depth must be at least 0")
+    if args.tau_depth is not None and not 0.0 <= args.tau_depth <= 1.0:
+        parser.error(f"--tau-depth must be in [0, 1], got {args.tau_depth}")
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
     if args.gate:
@@ -160,12 +164,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         else GateConfig(tau=args.threshold, k=args.top_k, aggregation=args.aggregation)
     )
     small = large = None
+    if args.tau_depth is not None:
+        gate = gate.replace(tau_depth=args.tau_depth)
     if "small" in specs:
         small = load_model(
             specs["small"],
             "small",
             top_logprobs=gate.k,
-            max_new_tokens=20,
+            max_new_tokens=20,  # drafts; small-loop turns ask for --max-new-tokens each
             batch_size=args.batch_size,
             max_batch_tokens=args.max_batch_tokens,
         )
@@ -192,6 +198,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         settings["prompts"] = Prompts.thyme(open_tail=tail)
     if args.speculation:
         settings["speculation"] = args.speculation
+    if args.speculation_depth:
+        settings["speculation_depth"] = args.speculation_depth
+        settings["speculator_step_tokens"] = args.max_new_tokens
     builder = create_speceyes_graph(speculator=small, agent=large, mode=args.mode, **settings)
     graph = builder.compile()
     schedule = None
@@ -290,6 +299,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(line)
     if result.tau >= 1.0:
         print("no tau could be certified at this level: the gate file accepts no draft")
+    if result.tau_depth is not None:
+        dc = result.depth_calibration
+        print(
+            f"tau_depth {result.tau_depth:.6g} (the answers after the small model's tool steps, "
+            f"same guarantee): accepts {dc['accepted']:.3f} of queries, observed loss {dc['risk']:.4f}"
+        )
     print(f"wrote {out} (use: speceyes bench --gate {out}, or create_speceyes_graph(gate=...))")
     return 0
 
@@ -359,6 +374,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         checkpoints = {k: Path(args.checkpoints) / k for k in ("small", "large")}
     if args.n < 1:
         raise SystemExit("speceyes demo: --n must be at least 1")
+    if args.depth < 0:
+        raise SystemExit("speceyes demo: --depth must be at least 0")
     if bool(args.small_url) != bool(args.large_url):
         raise SystemExit("speceyes demo: give both --small-url and --large-url, or neither")
     if args.small_url and args.engine != "vllm":
@@ -373,6 +390,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         engine=args.engine,
         small_url=args.small_url,
         large_url=args.large_url,
+        depth=args.depth,
     )
     return 1 if summary["errors"] else 0
 
@@ -433,6 +451,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--specreason",
         action="store_true",
         help="also run the SpecReason baseline (about doubles the run time)",
+    )
+    p.add_argument(
+        "--depth",
+        type=int,
+        default=0,
+        help="also run SpecEyes with depth-D speculation (the small model zooms first on "
+        "queries the judge sends to the tools), beside depth 0",
     )
     p.add_argument(
         "--engine",
@@ -529,6 +554,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-agent-steps", type=int, default=None, help="default 6 (DeepEyes), 5 (Thyme)"
+    )
+    p.add_argument(
+        "--speculation-depth",
+        type=int,
+        default=0,
+        help="tool steps the small model may take on queries the judge sends to the tools, "
+        "before its answer is gated (default 0: the paper's tool-free speculation)",
+    )
+    p.add_argument(
+        "--tau-depth",
+        type=float,
+        default=None,
+        help="the gate threshold of those answers (default: tau, or the gate file's tau_depth)",
     )
     p.add_argument(
         "--tools",

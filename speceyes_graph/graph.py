@@ -3,7 +3,10 @@
 ``intake -> judge -> speculate -> gate -> (END | agent_loop)``: ``intake`` checks the
 query and starts the run clean; the large model judges whether tools are needed;
 tool-free queries get a draft from the small model; the draft is kept when its answer
-separability clears tau; everything else runs the agent loop.
+separability clears tau; everything else runs the agent loop. With ``speculation_depth``
+D > 0 a query the judge sends to the tools first runs the small model's own tool loop
+(``speculate_tools``, at most D tool steps; :mod:`speceyes_graph.tool_speculation`), and
+reaches the agent loop only when that answer fails its gate.
 
 With ``speculation="parallel"`` the judge node starts the query's draft on the small
 model's worker before it calls the large model, and ``speculate`` collects it: a speculative
@@ -28,15 +31,11 @@ query as a whole have deadlines. Model calls are tagged ``nostream``: with
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import logging
 import re
-import threading
 import time
-import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,9 +61,9 @@ from .agent import (
     first_user_message,
     recursion_limit,
 )
-from .effects import Background, Blocking, Collect, ModelCall, Steps, Subgraph, node, router
+from .effects import Blocking, Collect, ModelCall, Steps, Subgraph, node, router
 from .messages import Protocol, bare_model, for_model, user_message
-from .models.batching import CancelScope
+from .parallel_drafts import StartedDrafts
 from .prompts import Prompts
 from .protocol import message_text
 from .query import read_query
@@ -72,6 +71,7 @@ from .separability import GateConfig
 from .settings import Limits, OnError, RunSettings, resolve_settings, run_overrides
 from .specreason import run_specreason
 from .state import Draft, Mode, SpecEyesContext, SpecEyesInput, SpecEyesOutput, SpecEyesState
+from .tool_speculation import small_loop_input, tool_draft
 from .toolsets import Toolset, build_tools, load_toolset
 
 __all__ = [
@@ -92,6 +92,7 @@ _CLEAN_RUN: dict[str, Any] = {
     "route": None,
     "judge_output": None,
     "draft": None,
+    "tool_draft": None,
     "agent_messages": [],
     "agent_steps": [],
     "stop_reason": None,
@@ -145,6 +146,10 @@ def create_speceyes_graph(
     limits: Limits | None = None,
     on_error: OnError = "record",
     loop: LoopOptions | None = None,
+    speculation_depth: int = 0,
+    speculator_tools: str | Path | Toolset | Sequence[BaseTool] | None = None,
+    speculator_prompts: Prompts | None = None,
+    speculator_step_tokens: int | None = None,
 ) -> StateGraph:
     """Build the (uncompiled) SpecEyes graph; call ``.compile()`` with your checkpointer.
 
@@ -186,6 +191,18 @@ def create_speceyes_graph(
             or ``raise`` (the run fails with :class:`SpecEyesError`: right for servers).
         loop: the agent loop's protocol options (:class:`LoopOptions`; defaults: the
             published DeepEyes format, stop strings on each step).
+        speculation_depth: tool steps the small model may take, on a query the judge sends
+            to the tools, before its answer is gated with ``gate.tau_depth`` (default 0: the
+            paper's tool-free speculation only; per run: context ``speculation_depth``, up to
+            ``limits.max_speculation_depth``, and ``tau_depth``). See
+            :mod:`speceyes_graph.tool_speculation`.
+        speculator_tools: the small loop's tools; by default the agent's toolset built for
+            the small model's image frame (``speculator_resize``), or the same list of tools
+            when ``tools`` is one. Give a toolset whose coordinates match the small model's
+            grounding (Qwen3-VL: ``coordinates = "thousand"``).
+        speculator_prompts: the small loop's prompts (default: the agent's).
+        speculator_step_tokens: the generation length of each small-loop turn, passed as
+            ``max_tokens`` (None: the small model's own setting, often a draft's few tokens).
     """
     store = store or default_store()
     limits = limits or Limits()
@@ -223,6 +240,10 @@ def create_speceyes_graph(
         raise ValueError(f"mode {mode!r} needs an agent model (agent=...)")
     if mode in ("speceyes", "small", "specreason") and speculator is None:
         raise ValueError(f"mode {mode!r} needs a speculator model (speculator=...)")
+    if not 0 <= speculation_depth <= limits.max_speculation_depth:
+        raise ValueError(
+            f"speculation_depth must be 0..{limits.max_speculation_depth}, got {speculation_depth}"
+        )
     if not 1 <= max_agent_steps <= limits.max_agent_steps:
         raise ValueError(
             f"max_agent_steps must be 1..{limits.max_agent_steps}, got {max_agent_steps}"
@@ -252,10 +273,12 @@ def create_speceyes_graph(
         model_timeout_s=limits.model_timeout_s,
         tool_timeout_s=limits.tool_timeout_s,
         on_error=on_error,
+        speculation_depth=speculation_depth,
+        tau_depth=gate.tau_depth,
     )
     judge_model = _internal(judge_raw, "judge")
     parallel = speculation == "parallel" and "speceyes" in available
-    drafts = _StartedDrafts()
+    drafts = StartedDrafts()
     # Every judge and draft call is announced to its model's batch worker as soon as it is
     # certain (ChatTransformersVLM.announce): the query's first calls at intake, a draft the
     # judge found tool-free when it says so; the calls themselves then say announced=True.
@@ -402,7 +425,9 @@ def create_speceyes_graph(
     def after_judge(state: SpecEyesState) -> str:
         if state.get("error"):
             return "failed"
-        return "yes" if state.get("route") == "judged-agentic" else "no"
+        if state.get("route") != "judged-agentic":
+            return "no"
+        return "yes, speculate with tools" if state["settings"].get("speculation_depth") else "yes"
 
     # --- phase II ---------------------------------------------------------------------------------
     def draft_reply(state: SpecEyesState) -> Steps:
@@ -461,6 +486,62 @@ def create_speceyes_graph(
         if state.get("route") == "rejected-agentic":
             return "reject"
         return "failed" if state.get("error") else "accept"
+
+    # --- depth-D speculation: the small model's own tool loop (tool_speculation) ----------------
+    if "speceyes" in available:
+        if speculator_tools is None:
+            speculator_tools = tools if isinstance(tools, (str, Path, Toolset)) else tool_list
+        small_loop = create_agent_loop(
+            speculator,
+            list(speculator_tools)
+            if isinstance(speculator_tools, Sequence) and not isinstance(speculator_tools, str)
+            else build_tools(load_toolset(speculator_tools), resize=speculator_resize, store=store),
+            protocol=chosen,
+            max_steps=limits.max_speculation_depth + 1,
+            prompts=speculator_prompts or prompts,
+            resize=speculator_resize,
+            store=store,
+            options=dataclasses.replace(loop or LoopOptions(), on_step_limit="error"),
+            keep_logprobs=True,
+            name="small_agent",
+            max_tokens=speculator_step_tokens,
+        ).compile(name="small_loop")
+        tagged = chosen in ("deepeyes", "thyme")  # answers in <answer> tags: gate those tokens
+
+        def speculate_tools_node(state: SpecEyesState) -> Steps:
+            t0 = time.perf_counter()
+            settings = state["settings"]
+            depth = settings["speculation_depth"]
+            try:
+                with deadline_scope(state.get("deadline")):
+                    check_deadline("small tool loop")
+                out = yield Subgraph(
+                    small_loop.copy(update={"checkpointer": False}),  # as the agent loop runs
+                    small_loop_input(state["query"], state, depth),
+                    {"recursion_limit": recursion_limit(depth + 1)},
+                )
+            except Exception as exc:  # the large agent still answers: record, do not fail
+                out = {"error": f"{type(exc).__name__}: {exc}", "stop_reason": "error"}
+            gate_config = RunSettings(**settings).gate(gate).after_tools()
+            elapsed = time.perf_counter() - t0
+            draft = tool_draft(out, depth, gate_config, tagged, elapsed)
+            update: dict[str, Any] = {
+                "tool_draft": draft,
+                "timings": {"speculate_tools": elapsed},
+            }
+            if draft["accepted"]:
+                update.update(answer=draft["text"], route="speculative-tools")
+            return update
+
+        def after_tool_gate(state: SpecEyesState) -> str:
+            return "accept" if state.get("route") == "speculative-tools" else "reject"
+
+        graph.add_node("speculate_tools", node(speculate_tools_node))
+        graph.add_conditional_edges(
+            "speculate_tools",
+            router(after_tool_gate),
+            {"accept": END, "reject": "agent_loop"},
+        )
 
     # --- phase IV ---------------------------------------------------------------------------------
     if agent is not None:
@@ -574,70 +655,16 @@ def create_speceyes_graph(
     if "speceyes" in available:
         graph.add_node("judge", node(judge_node))
         graph.add_conditional_edges(
-            "judge", router(after_judge), {"no": "speculate", "yes": "agent_loop", "failed": END}
+            "judge",
+            router(after_judge),
+            {
+                "no": "speculate",
+                "yes": "agent_loop",
+                "yes, speculate with tools": "speculate_tools",
+                "failed": END,
+            },
         )
     return graph
-
-
-class _StartedDrafts:
-    """Drafts started by the judge node (parallel speculation), by ticket, until ``speculate``
-    takes them or the judge abandons them. Only the ticket goes into graph state; a run
-    resumed elsewhere finds no draft under it and simply drafts again. Bounded, so tickets
-    of runs that never came back (interrupted, failed) cannot pile up.
-
-    A draft runs on a reused thread under ``invoke`` and as an asyncio task under
-    ``ainvoke``; either way its model requests are in a :class:`CancelScope`."""
-
-    def __init__(self, limit: int = 4096):
-        self.limit = limit
-        self._started: OrderedDict[str, tuple[Future | asyncio.Future, CancelScope]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def start(self, steps: Steps) -> Steps:
-        """Start the draft's steps beside the caller; the ticket (``yield from``)."""
-        scope = CancelScope()
-        handle = yield Background(_in_scope(scope, steps))
-        if isinstance(handle, asyncio.Future):  # an abandoned draft's error is nobody's
-            handle.add_done_callback(lambda task: task.cancelled() or task.exception())
-        ticket = uuid.uuid4().hex
-        with self._lock:
-            self._started[ticket] = (handle, scope)
-            while len(self._started) > self.limit:
-                _, (old, old_scope) = self._started.popitem(last=False)
-                _cancel(old, old_scope)
-        return ticket
-
-    def take(self, ticket: str | None) -> Future | asyncio.Future | None:
-        with self._lock:
-            started = self._started.pop(ticket, None) if ticket else None
-        return None if started is None else started[0]
-
-    def abandon(self, ticket: str | None) -> str | None:
-        """Cancel a draft still queued, discard one that ran; say which."""
-        with self._lock:
-            started = self._started.pop(ticket, None) if ticket else None
-        if started is None:
-            return None
-        handle, scope = started
-        if handle.done():
-            return "drafted beside the judge, discarded: the judge asked for tools"
-        if _cancel(handle, scope):
-            return "drafted beside the judge, cancelled before it ran: the judge asked for tools"
-        return "drafted beside the judge, discarded while it ran: the judge asked for tools"
-
-
-def _in_scope(scope: CancelScope, steps: Steps) -> Steps:
-    with scope.active():
-        return (yield from steps)
-
-
-def _cancel(handle: Future | asyncio.Future, scope: CancelScope) -> bool:
-    """Withdraw a draft's queued requests (True if none reached the model); an asyncio
-    draft is cancelled outright as well, which closes a served model's request."""
-    before_it_ran = scope.cancel()
-    if isinstance(handle, asyncio.Future):
-        handle.cancel()
-    return before_it_ran
 
 
 def announces(model: Any) -> bool:
@@ -670,12 +697,4 @@ def score_draft(reply: Any, gate: GateConfig) -> dict[str, Any]:
         log.warning(
             "speculator reply has no logprobs; the draft is rejected (request top_logprobs=K)"
         )
-        return {
-            "accepted": False,
-            "error": "the speculator returned no logprobs: ask for them (ChatOpenAI(logprobs=True, "
-            "top_logprobs=K) or ChatTransformersVLM(top_logprobs=K))",
-        }
-    try:
-        return gate.evaluate(logprobs)
-    except Exception as exc:
-        return {"accepted": False, "error": f"gate: {type(exc).__name__}: {exc}"}
+    return gate.decide(logprobs)

@@ -50,6 +50,7 @@ __all__ = [
     "aggregate",
     "answer_separability",
     "answer_separability_from_logprobs",
+    "answer_span",
     "is_accepted",
     "softmax_confidence",
     "softmax_confidence_from_logprobs",
@@ -337,6 +338,32 @@ def _content(top_logprobs: Any) -> Sequence:
     return content if end == len(content) else content[:end]
 
 
+def answer_span(logprobs: Any, open_tag: str = "<answer>", close_tag: str = "</answer>") -> Any:
+    """Only the tokens of the final answer (those overlapping the text between the last
+    ``<answer>`` and its ``</answer>``), as OpenAI-format ``logprobs``.
+
+    An agent turn is mostly reasoning and tool syntax; gating its minimum over every token
+    would judge the think text, not the answer. Without the tags in the tokens (a native
+    tool-calling reply, a tokenizer whose pieces do not spell the text) every token is kept:
+    more tokens under ``min`` can only lower the score, so the fallback is the cautious one.
+    """
+    content = _content(logprobs)
+    pieces = [_token_of(e) or "" for e in content]
+    text = "".join(pieces)
+    opened = text.rfind(open_tag)
+    if opened < 0:
+        return logprobs
+    start = opened + len(open_tag)
+    closed = text.find(close_tag, start)
+    end = len(text) if closed < 0 else closed
+    kept, at = [], 0
+    for entry, piece in zip(content, pieces, strict=True):
+        if at < end and at + len(piece) > start and piece.strip():
+            kept.append(entry)
+        at += len(piece)
+    return {"content": kept}
+
+
 def _token_of(entry: Any) -> str | None:
     token = entry.get("token") if isinstance(entry, Mapping) else getattr(entry, "token", None)
     return token if isinstance(token, str) else None
@@ -362,6 +389,7 @@ class GateConfig:
         q: float = DEFAULT_BOTTOM_Q,
         score: Literal["separability", "softmax"] = "separability",
         clamp: bool = False,
+        tau_depth: float | None = None,
     ):
         if aggregation not in ("min", "mean", "bottom-q"):
             raise ValueError(
@@ -373,6 +401,7 @@ class GateConfig:
             raise ValueError(f"k must be at least 2, got {k}")
         self.tau, self.k, self.aggregation, self.alpha, self.q = tau, k, aggregation, alpha, q
         self.score, self.clamp = score, clamp
+        self.tau_depth = tau_depth  # None: the tool-free tau (see `after_tools`)
 
     @classmethod
     def load(cls, path: str | Path) -> GateConfig:
@@ -381,7 +410,7 @@ class GateConfig:
         data = data.get("gate", data)
         if "tau" not in data:
             raise ValueError(f"{path} is not a gate file (no tau)")
-        keys = ("tau", "k", "aggregation", "alpha", "q", "score", "clamp")
+        keys = ("tau", "k", "aggregation", "alpha", "q", "score", "clamp", "tau_depth")
         return cls(**{k: data[k] for k in keys if k in data})
 
     def replace(self, **changes: Any) -> GateConfig:
@@ -394,14 +423,37 @@ class GateConfig:
             "q": self.q,
             "score": self.score,
             "clamp": self.clamp,
+            "tau_depth": self.tau_depth,
         }
         return GateConfig(**{**settings, **changes})
+
+    def after_tools(self) -> GateConfig:
+        """The gate of an answer the small model gave after its own tool steps (depth-D
+        speculation): the same score with ``tau_depth``, or tau when none was set. Its own
+        threshold, because an answer conditioned on a crop is scored on different evidence."""
+        return self.replace(tau=self.tau if self.tau_depth is None else self.tau_depth)
 
     def __repr__(self) -> str:
         return (
             f"GateConfig(tau={self.tau}, k={self.k}, aggregation={self.aggregation!r}, "
-            f"alpha={self.alpha}, score={self.score!r})"
+            f"alpha={self.alpha}, score={self.score!r}"
+            + (f", tau_depth={self.tau_depth}" if self.tau_depth is not None else "")
+            + ")"
         )
+
+    def decide(self, logprobs: Any) -> dict[str, Any]:
+        """:meth:`evaluate` for untrusted log-probs: a missing or malformed shape becomes a
+        recorded rejection (``accepted`` False, ``error`` saying why), never an exception."""
+        if not logprobs:
+            return {
+                "accepted": False,
+                "error": "the speculator returned no logprobs: ask for them (ChatOpenAI("
+                "logprobs=True, top_logprobs=K) or ChatTransformersVLM(top_logprobs=K))",
+            }
+        try:
+            return self.evaluate(logprobs)
+        except Exception as exc:
+            return {"accepted": False, "error": f"gate: {type(exc).__name__}: {exc}"}
 
     def evaluate(self, logprobs: Any) -> dict[str, Any]:
         """Score a draft from its OpenAI-format ``logprobs`` and decide acceptance.

@@ -2,7 +2,7 @@
 
 A graph is built once with defaults (``create_speceyes_graph(gate=..., mode=...,
 max_agent_steps=..., limits=Limits(...))``); each run may override the gate, the mode, the
-step bound and the deadlines through LangGraph's context
+step bound, the speculation depth and the deadlines through LangGraph's context
 (``graph.invoke(x, context={"tau": 0.9})``, an assistant's context on LangGraph Platform,
 or ``config["configurable"]`` for older clients). Callers of a served graph are strangers,
 so overrides are checked and bounded: deadlines can only be shortened, steps stay under the
@@ -45,6 +45,7 @@ class Limits:
     max_images: int = 8
     max_options: int = 26  # labelled A..Z
     max_agent_steps: int = 32  # ceiling for a per-run max_agent_steps
+    max_speculation_depth: int = 8  # ceiling for a per-run speculation_depth
 
     def __post_init__(self) -> None:
         for name in ("query_timeout_s", "model_timeout_s", "tool_timeout_s"):
@@ -67,9 +68,13 @@ class RunSettings:
     model_timeout_s: float
     tool_timeout_s: float
     on_error: OnError
+    speculation_depth: int = 0  # tool steps the small model may take before its gate (0: paper)
+    tau_depth: float | None = None  # that gate's threshold (None: tau)
 
     def gate(self, base: GateConfig) -> GateConfig:
-        return base.replace(tau=self.tau, k=self.k, aggregation=self.aggregation)
+        return base.replace(
+            tau=self.tau, k=self.k, aggregation=self.aggregation, tau_depth=self.tau_depth
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,6 +115,16 @@ def resolve_settings(
         raise SettingsError(
             f"max_agent_steps must be 1..{limits.max_agent_steps} here, got {steps}"
         )
+    depth = _number("speculation_depth", values["speculation_depth"], int)
+    if not 0 <= depth <= limits.max_speculation_depth:
+        raise SettingsError(
+            f"speculation_depth must be 0..{limits.max_speculation_depth} here, got {depth}"
+        )
+    tau_depth = values["tau_depth"]
+    if tau_depth is not None:
+        tau_depth = _number("tau_depth", tau_depth, float)
+        if not 0.0 <= tau_depth <= 1.0:
+            raise SettingsError(f"tau_depth must be in [0, 1], got {tau_depth}")
     timeouts = {}
     for name in ("query_timeout_s", "model_timeout_s", "tool_timeout_s"):
         value = _number(name, values[name], float)
@@ -123,6 +138,8 @@ def resolve_settings(
         mode=values["mode"],
         max_agent_steps=steps,
         on_error=values["on_error"],
+        speculation_depth=depth,
+        tau_depth=tau_depth,
         **timeouts,
     )
 

@@ -44,12 +44,22 @@ and ``specreason`` (the SpecReason baseline: the small model drafts each step of
 reasoning, the large model scores it; see :mod:`speceyes_graph.specreason`)."""
 
 Route = Literal[
-    "speculative", "judged-agentic", "rejected-agentic", "agent-only", "draft-only", "specreason"
+    "speculative",
+    "speculative-tools",
+    "judged-agentic",
+    "rejected-agentic",
+    "agent-only",
+    "draft-only",
+    "specreason",
 ]
 """Where a query was answered.
 
 - ``speculative``: judged tool-free and the draft passed the gate;
-- ``judged-agentic``: the judge said tools help, so the agent loop answered;
+- ``speculative-tools``: the judge said tools help, and with ``speculation_depth`` D > 0 the
+  small model's own tool loop (at most D tool steps) answered and passed its gate
+  (``tau_depth``); the answer and its evidence are in ``tool_draft``;
+- ``judged-agentic``: the judge said tools help, so the agent loop answered (with D > 0:
+  after the small model's tool loop was rejected or failed; ``tool_draft`` says why);
 - ``rejected-agentic``: judged tool-free, but the draft failed the gate (or had no
   log-probs / errored), so the agent loop answered;
 - ``agent-only`` / ``draft-only`` / ``specreason``: the baseline modes ``agent``,
@@ -79,6 +89,11 @@ class Draft(TypedDict, total=False):
     note: str | None  # e.g. scored with fewer than K competitors (GateConfig(clamp=True))
     discarded: bool  # drafted beside the judge, which then asked for tools (note says how)
     batch_size: int  # requests in the speculator's generate call (local models report it)
+    # depth-D speculation (``tool_draft``): the small model's tool loop before the answer
+    depth: int  # the tool steps it was allowed (speculation_depth)
+    steps: list[AgentStep]  # its turns: model text, tool calls with boxes, latencies
+    stop_reason: str | None  # why its loop ended (answered, step_limit, error, ...)
+    latency_s: float  # wall time of the whole small loop, gate included
 
 
 class AgentStep(TypedDict, total=False):
@@ -155,9 +170,10 @@ class SpecEyesOutput(TypedDict, total=False):
     route: Annotated[
         Route | None,
         Field(
-            description="speculative (small model, gate accepted), judged-agentic (the judge "
-            "asked for tools), rejected-agentic (the gate rejected the draft), agent-only or "
-            "draft-only (baseline modes)."
+            description="speculative (small model, gate accepted), speculative-tools (the small "
+            "model's own tool loop answered, gate accepted), judged-agentic (the judge asked for "
+            "tools), rejected-agentic (the gate rejected the draft), agent-only or draft-only "
+            "(baseline modes)."
         ),
     ]
     judge_output: Annotated[
@@ -167,6 +183,13 @@ class SpecEyesOutput(TypedDict, total=False):
         Draft | None,
         Field(
             description="The small model's answer with its separability score and top-K log-probs."
+        ),
+    ]
+    tool_draft: Annotated[
+        Draft | None,
+        Field(
+            description="Depth-D speculation: the small model's answer after its own tool steps, "
+            "with those steps and the answer's separability score (None at depth 0)."
         ),
     ]
     agent_messages: Annotated[
@@ -227,6 +250,22 @@ class SpecEyesContext(TypedDict, total=False):
     ]
     max_agent_steps: Annotated[
         int, Field(description="Model turns allowed in the agent loop.", ge=1)
+    ]
+    speculation_depth: Annotated[
+        int,
+        Field(
+            description="Tool steps the small model may take on a query the judge sends to the "
+            "tools before its answer is gated (0: the paper's tool-free speculation only).",
+            ge=0,
+        ),
+    ]
+    tau_depth: Annotated[
+        float,
+        Field(
+            description="Gate threshold for the small model's answer after its tool steps.",
+            ge=0,
+            le=1,
+        ),
     ]
     query_timeout_s: Annotated[
         float, Field(description="Wall-clock deadline for the whole query.", gt=0)

@@ -21,6 +21,7 @@ CONFIGURATIONS = {
     "small": ("small", {}),
     "specreason": ("specreason", {}),
     "speceyes-parallel": ("speceyes", {"speculation": "parallel"}),
+    "speceyes-depth1": ("speceyes", {"speculation_depth": 1}),
 }
 _LOCAL_RUNS: dict = {}
 
@@ -79,9 +80,16 @@ def assert_same(local_run, served_run):
         if da.get("token_scores"):
             np.testing.assert_allclose(da["token_scores"], db["token_scores"], atol=1e-3)
             assert da["accepted"] == db["accepted"]
-        assert [s.get("text") for s in a.get("agent_steps") or []] == [
-            s.get("text") for s in b.get("agent_steps") or []
+        assert [s.get("model_text") for s in a.get("agent_steps") or []] == [
+            s.get("model_text") for s in b.get("agent_steps") or []
         ], i
+        ta, tb = a.get("tool_draft") or {}, b.get("tool_draft") or {}  # depth-D speculation
+        assert [s.get("model_text") for s in ta.get("steps") or []] == [
+            s.get("model_text") for s in tb.get("steps") or []
+        ], i
+        assert (ta.get("tokens"), ta.get("accepted")) == (tb.get("tokens"), tb.get("accepted")), i
+        if ta.get("token_scores"):
+            np.testing.assert_allclose(ta["token_scores"], tb["token_scores"], atol=1e-3)
         calls = {"local": l_tokens[i], "served": s_tokens[i]}
         if da.get("discarded") or db.get("discarded"):
             # a draft made moot by the judge: cancelled while queued on one path, finished and

@@ -111,3 +111,56 @@ def test_calibrate_command(tmp_path):
     assert "with probability >= 0.9" in r.stdout and "held out" in r.stdout
     gate = json.loads((tmp_path / "run" / "gate.json").read_text())["gate"]
     assert 0.5 < gate["tau"] < 1 and gate["method"].startswith("Learn-then-Test")
+
+
+def with_tool_drafts(records, rng):
+    """The same records, some of them tool-needing: their draft moves to ``tool_draft``."""
+    out = []
+    for r in records:
+        if rng.random() < 0.5:
+            r = {
+                **r,
+                "draft": None,
+                "draft_correct": False,
+                "tool_draft": r["draft"],
+                "tool_draft_correct": r["draft_correct"],
+            }
+        out.append(r)
+    return out
+
+
+def test_tau_depth_has_the_same_guarantee_in_simulation():
+    """tau_depth is certified on the tool drafts alone: its loss stays under eps w.p. 1-delta."""
+    eps, delta, trials, n = 0.03, 0.1, 150, 400
+    rng = np.random.default_rng(7)
+    taus = [1 / (1 + math.exp(-0.6 * s)) for s in np.linspace(12, 0, 61)]
+    violations, accepted = 0, []
+    for _ in range(trials):
+        records, baseline = simulate(rng, n)
+        records = with_tool_drafts(records, rng)
+        result = calibrate(records, max_drop=eps, delta=delta, baseline=baseline, taus=taus)
+        assert result.tau_depth is not None
+        s_star = (
+            math.log(result.tau_depth / (1 - result.tau_depth)) / 0.6
+            if result.tau_depth < 1
+            else 99
+        )
+        violations += 0.5 * true_risk(s_star) > eps  # half the queries carry a tool draft
+        accepted.append(result.depth_calibration["accepted"])
+    rate = violations / trials
+    assert rate <= delta + 3 * math.sqrt(delta * (1 - delta) / trials), rate
+    assert np.mean(accepted) > 0.1
+
+
+def test_tau_depth_reaches_the_gate_file_and_the_graph(tmp_path):
+    rng = np.random.default_rng(3)
+    records, baseline = simulate(rng, 400)
+    result = calibrate(with_tool_drafts(records, rng), max_drop=0.05, delta=0.1, baseline=baseline)
+    path = tmp_path / "gate.json"
+    result.save(path)
+    gate = GateConfig.load(path)
+    assert gate.tau_depth == result.tau_depth and gate.after_tools().tau == result.tau_depth
+    assert gate.tau == result.tau
+    # without tool drafts there is no tau_depth (the graph then uses tau)
+    plain = calibrate(records, max_drop=0.05, delta=0.1, baseline=baseline)
+    assert plain.tau_depth is None

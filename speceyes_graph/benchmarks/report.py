@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..separability import DEFAULT_ALPHA, acceptance_score, aggregate
+from . import plots
+from .draft_scores import auroc, draft_score, draft_token_scores
 from .official import grade, official_reference, official_rule
 from .runner import read_records
 from .scoring import extract_choice, extract_yes_no, pope_metrics
@@ -50,6 +50,13 @@ DEFINITIONS = {
     "draft + (if rejected) the baseline's latency for that query",
     "auroc": "how well separability ranks the small model's right drafts above its wrong ones "
     "(1 perfect, 0.5 chance), over its drafts on every query",
+    "alpha_depth": "share of the tool-needing queries (the judge asked for tools) that the small "
+    "model's own tool loop answered and its gate (tau_depth) accepted: depth-D speculation",
+    "expected_latency_s": "extended cost model E[L] = c_J + beta c_S + (1 - beta) c_S^D + (1 - "
+    "beta alpha - (1 - beta) alpha_D) L_agent, with this run's mean judge, draft, small-loop and "
+    "agent-loop times",
+    "speedup_cost_model": "L_agent / E[L]: the agent-only latency the cost model predicts over "
+    "this run's, beside the measured speedups",
     "accuracy": "correct / all queries; an errored query counts as wrong",
     "accuracy_errors_dropped": "correct / queries without error (the published scripts' "
     "denominator)",
@@ -163,45 +170,6 @@ TAUS = [
 AGGREGATIONS = ("min", "mean", "bottom-q")
 
 
-def auroc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
-    """Area under the ROC curve (probability a right draft outscores a wrong one; ties half)."""
-    s = np.asarray(scores, dtype=float)
-    y = np.asarray(labels, dtype=bool)
-    pos, neg = s[y], s[~y]
-    if len(pos) == 0 or len(neg) == 0:
-        return None
-    order = np.argsort(np.concatenate([pos, neg]), kind="mergesort")
-    ranks = np.empty(len(order))
-    values = np.concatenate([pos, neg])[order]
-    i = 0
-    while i < len(values):  # average ranks over ties
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
-
-
-def draft_token_scores(draft: dict) -> np.ndarray | None:
-    """Per-token separability recomputed from a recorded draft's sorted top-K log-probs."""
-    top = draft.get("top_logprobs") if draft else None
-    if not top:
-        return None
-    m = np.asarray(top, dtype=float)
-    comp = m[:, 1:]
-    return (m[:, 0] - comp.mean(axis=1)) / (comp.std(axis=1) + 1e-6)
-
-
-def _draft_score(draft: dict, aggregation: str, score: str = "separability") -> float | None:
-    ts = draft_token_scores(draft)
-    if ts is None or len(ts) == 0:
-        return None
-    if score == "softmax":
-        return float(np.exp(np.mean(np.asarray(draft["top_logprobs"], dtype=float)[:, 0])))
-    return acceptance_score(aggregate(ts, aggregation), DEFAULT_ALPHA)
-
-
 def _percentile(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
@@ -229,8 +197,9 @@ def _summary(records: list[dict], wall: float | None) -> dict[str, Any]:
                 unreadable=m.unreadable,
             )
         splits[split] = entry
-    judged = routes["speculative"] + routes["rejected-agentic"] + routes["judged-agentic"]
+    tool_needing = routes["judged-agentic"] + routes["speculative-tools"]
     tool_free = routes["speculative"] + routes["rejected-agentic"]
+    judged = tool_free + tool_needing
     beta = tool_free / judged if judged else None
     alpha = routes["speculative"] / tool_free if tool_free else None
     ideal = (
@@ -258,6 +227,57 @@ def _summary(records: list[dict], wall: float | None) -> dict[str, Any]:
         "beta": beta,
         "alpha": alpha,
         "ideal_speedup": ideal,
+        **_depth_summary(records, routes, beta, alpha),
+    }
+
+
+def _mean_timing(records: list[dict], phase: str) -> float | None:
+    values = [r["timings"][phase] for r in records if phase in (r.get("timings") or {})]
+    return float(np.mean(values)) if values else None
+
+
+def _depth_summary(
+    records: list[dict], routes: Counter, beta: float | None, alpha: float | None
+) -> dict[str, Any]:
+    """Depth-D speculation's figures (only for runs that used it): alpha_D, what the small
+    loop did, and the extended cost model (see DEFINITIONS) beside the measured speedups."""
+    tried = [r for r in records if r.get("tool_draft")]
+    if not tried:
+        return {}
+    steps = [len(r["tool_draft"].get("steps") or []) for r in tried]
+    tool_needing = routes["judged-agentic"] + routes["speculative-tools"]
+    alpha_d = routes["speculative-tools"] / tool_needing if tool_needing else None
+    costs = {
+        "c_judge_s": _mean_timing(records, "judge"),
+        "c_draft_s": _mean_timing(records, "speculate"),
+        "c_small_loop_s": _mean_timing(records, "speculate_tools"),
+        "l_agent_s": _mean_timing(records, "agent"),
+    }
+    expected = None
+    if None not in (beta, alpha_d, costs["c_judge_s"], costs["c_small_loop_s"], costs["l_agent_s"]):
+        a = alpha or 0.0
+        expected = (
+            costs["c_judge_s"]
+            + beta * (costs["c_draft_s"] or 0.0)
+            + (1 - beta) * costs["c_small_loop_s"]
+            + (1 - beta * a - (1 - beta) * alpha_d) * costs["l_agent_s"]
+        )
+    accepted = [r for r in tried if r["tool_draft"].get("accepted")]
+    return {
+        "speculation_depth": max(int(r["tool_draft"].get("depth") or 0) for r in tried),
+        "alpha_depth": alpha_d,
+        "small_loop": {
+            "queries": len(tried),
+            "accepted": len(accepted),
+            "accepted_correct": sum(bool(r.get("correct")) for r in accepted),
+            "mean_steps": float(np.mean(steps)),
+            "failed": sum(1 for r in tried if r["tool_draft"].get("error")),
+        },
+        "cost_model": {
+            **costs,
+            "expected_latency_s": expected,
+            "speedup_cost_model": costs["l_agent_s"] / expected if expected else None,
+        },
     }
 
 
@@ -293,9 +313,7 @@ def sweep(
                     draft = r.get("draft")
                     tool_free = r.get("route") in ("speculative", "rejected-agentic", "draft-only")
                     s = (
-                        _draft_score(
-                            draft, aggregation if score == "separability" else "min", score
-                        )
+                        draft_score(draft, aggregation if score == "separability" else "min", score)
                         if tool_free and draft
                         else None
                     )
@@ -319,8 +337,8 @@ def sweep(
     drafts = [r for r in rows if r.get("draft") and draft_token_scores(r["draft"]) is not None]
     labels = [bool(r["draft_correct"]) for r in drafts]
     out["auroc"] = {
-        "separability_min": auroc([_draft_score(r["draft"], "min") for r in drafts], labels),
-        "softmax": auroc([_draft_score(r["draft"], "min", "softmax") for r in drafts], labels),
+        "separability_min": auroc([draft_score(r["draft"], "min") for r in drafts], labels),
+        "softmax": auroc([draft_score(r["draft"], "min", "softmax") for r in drafts], labels),
     }
     out["n_drafts"] = len(drafts)
     out["draft_accuracy"] = sum(labels) / len(labels) if labels else None
@@ -489,6 +507,17 @@ def _markdown(report: dict[str, Any]) -> str:
         + " |"
     )
     lines.append(f"| routes | {', '.join(f'{k}: {v}' for k, v in sorted(s['routes'].items()))} |")
+    if "alpha_depth" in s:
+        loop, cost = s["small_loop"], s["cost_model"]
+        lines.append(f"| speculation_depth | {s['speculation_depth']} |")
+        lines.append(f"| alpha_depth | {_fmt(s['alpha_depth'])} |")
+        lines.append(
+            f"| small loop | {loop['queries']} queries, {loop['accepted']} accepted "
+            f"({loop['accepted_correct']} right), {_fmt(loop['mean_steps'], '.2f')} turns each, "
+            f"{loop['failed']} without an answer |"
+        )
+        for key, value in cost.items():
+            lines.append(f"| {key} | {_fmt(value)} |")
     for warning in report.get("warnings", []):
         lines += ["", f"**Warning:** {warning}."]
     lines += ["", "## What the numbers mean", ""]
@@ -535,133 +564,6 @@ def _markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _gate_tau(report: dict[str, Any]) -> float:
-    tau = report["summary"].get("tau")
-    return float(tau) if isinstance(tau, (int, float)) and 0 < tau < 1 else 0.98
-
-
-def _plots(report: dict[str, Any], out: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
-    sw = report.get("sweep") or {}
-    if sw.get("curves"):
-        fig, ax = plt.subplots(figsize=(7, 5))
-        styles = [("-", "o"), ("--", "s"), ("-.", "^"), (":", "D"), ((0, (5, 1, 1, 1)), "v")]
-        for i, (name, curve) in enumerate(sw["curves"].items()):
-            ls, marker = styles[i % len(styles)]
-            ax.plot(
-                [c["speedup"] for c in curve],
-                [c["accuracy"] for c in curve],
-                ls=ls,
-                marker=marker,
-                ms=5,
-                mfc="none",
-                lw=1.4,
-                alpha=0.85,
-                label=name,
-            )
-        ax.scatter(
-            [1.0], [sw["baseline_accuracy"]], color="black", marker="*", s=120, zorder=5,
-            label="agent only",
-        )  # fmt: skip
-        ax.set_xlabel("modelled speedup over agent only (higher tau: left)")
-        ax.set_ylabel("accuracy")
-        ax.set_title(f"Accuracy vs modelled speedup as tau varies ({sw['n']} queries)")
-        ax.legend(fontsize=8, title="score:aggregation", title_fontsize=8)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out / "accuracy_vs_speedup.png", dpi=110)
-        plt.close(fig)
-        written.append("accuracy_vs_speedup.png")
-    records = [
-        r
-        for r in report["_records"]
-        if r.get("draft") and draft_token_scores(r["draft"]) is not None
-    ]
-    if records:
-        raw = [aggregate(draft_token_scores(r["draft"]), "min") for r in records]
-        right = [s for s, r in zip(raw, records, strict=True) if r["draft_correct"]]
-        wrong = [s for s, r in zip(raw, records, strict=True) if not r["draft_correct"]]
-        tau = _gate_tau(report)
-        tau_raw = math.log(tau / (1 - tau)) / DEFAULT_ALPHA
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        bins = np.linspace(min(min(raw), tau_raw) - 0.5, max(max(raw), tau_raw) + 0.5, 36)
-        ax.hist(
-            right, bins=bins, alpha=0.6, label=f"right drafts ({len(right)})", color="tab:green"
-        )
-        ax.hist(
-            wrong, bins=bins, alpha=0.6, hatch="//", label=f"wrong drafts ({len(wrong)})",
-            color="tab:red",
-        )  # fmt: skip
-        ax.axvline(
-            tau_raw, color="black", ls="--",
-            label=f"tau = {tau:g} on the gate score = separability {tau_raw:.2f}",
-        )  # fmt: skip
-        ax.set_xlabel("answer separability (min over the answer's tokens)")
-        ax.set_ylabel("drafts")
-        ax.set_title("Draft separability: accepted right of the dashed line")
-        top = ax.secondary_xaxis(
-            "top",
-            functions=(
-                lambda x: 1 / (1 + np.exp(-DEFAULT_ALPHA * np.asarray(x, float))),
-                lambda p: (
-                    np.log(np.clip(p, 1e-9, 1 - 1e-9) / (1 - np.clip(p, 1e-9, 1 - 1e-9)))
-                    / DEFAULT_ALPHA
-                ),
-            ),
-        )
-        top.set_xlabel(f"gate score = sigmoid({DEFAULT_ALPHA:g} x separability)", fontsize=9)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "separability_hist.png", dpi=110)
-        plt.close(fig)
-        written.append("separability_hist.png")
-        labels = [bool(r["draft_correct"]) for r in records]
-        if 0 < sum(labels) < len(labels):
-            fig, ax = plt.subplots(figsize=(5, 5))
-            for (name, scores), ls in zip(
-                (
-                    ("separability (min)", raw),
-                    (
-                        "softmax confidence",
-                        [_draft_score(r["draft"], "min", "softmax") for r in records],
-                    ),
-                ),
-                ("-", "--"),
-                strict=True,
-            ):
-                fpr, tpr = _roc(scores, labels)
-                ax.plot(fpr, tpr, ls=ls, label=f"{name}: AUROC {auroc(scores, labels):.3f}")
-            ax.plot([0, 1], [0, 1], color="grey", ls=":", label="chance")
-            ax.set_xlabel("false positive rate (wrong drafts accepted)")
-            ax.set_ylabel("true positive rate (right drafts accepted)")
-            ax.set_title(f"Which score tells right drafts from wrong ({len(labels)} drafts)")
-            ax.legend(fontsize=8)
-            fig.tight_layout()
-            fig.savefig(out / "separability_vs_softmax_roc.png", dpi=110)
-            plt.close(fig)
-            written.append("separability_vs_softmax_roc.png")
-    return written
-
-
-def _roc(scores: Sequence[float], labels: Sequence[bool]) -> tuple[list[float], list[float]]:
-    pairs = sorted(zip(scores, labels, strict=True), key=lambda p: -p[0])
-    pos = sum(labels)
-    neg = len(labels) - pos
-    tp = fp = 0
-    fpr, tpr = [0.0], [0.0]
-    for _, y in pairs:
-        tp += y
-        fp += not y
-        fpr.append(fp / neg)
-        tpr.append(tp / pos)
-    return fpr, tpr
-
-
 def write_report(
     run_dir: str | Path,
     baseline_dir: str | Path | None = None,
@@ -684,7 +586,7 @@ def write_report(
         )
     out = Path(out_dir or run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    report["plots"] = _plots(report, out)
+    report["plots"] = plots.write_plots(report, out)
     report.pop("_records")
     (out / "report.json").write_text(json.dumps(report, indent=2))
     md = _markdown(report)

@@ -47,6 +47,7 @@ CORRUPT = "records.corrupt.jsonl"
 log = logging.getLogger(__name__)
 _SHORT = {
     "speculative": "spec",
+    "speculative-tools": "spec-tools",
     "judged-agentic": "judged",
     "rejected-agentic": "rejected",
     "agent-only": "agent",
@@ -163,7 +164,7 @@ def make_record(
     q: BenchQuery, out: dict[str, Any] | None, latency: float, error: str | None, mode: str
 ) -> dict:
     out = out or {}
-    draft = out.get("draft")
+    draft, tool_draft = out.get("draft"), out.get("tool_draft")
     answer = out.get("answer")
     error = error or out.get("error")
     record = {
@@ -179,6 +180,10 @@ def make_record(
         "judge_output": out.get("judge_output"),
         "draft": draft,
         "draft_correct": bool(draft and is_correct(draft.get("text"), q.expected, q.options)),
+        "tool_draft": tool_draft,  # depth-D speculation: the small loop's answer
+        "tool_draft_correct": bool(
+            tool_draft and is_correct(tool_draft.get("text"), q.expected, q.options)
+        ),
         "agent_steps": out.get("agent_steps") or [],
         "stop_reason": out.get("stop_reason"),
         "timings": out.get("timings") or {},

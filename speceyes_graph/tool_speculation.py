@@ -1,0 +1,76 @@
+"""Depth-D speculation: the small model runs the tool loop itself before the large agent does.
+
+The paper speculates at depth 0: the small model answers tool-free, so every query the judge
+sends to the tools pays the full agent loop, however easy the one zoom it needs. With
+``speculation_depth=D`` such a query first goes through the *small* model's tool loop: the
+same loop, toolset and protocol as the large agent (:func:`~speceyes_graph.agent.
+create_agent_loop`), its own prompts and image frame, at most D tool steps (D + 1 model
+turns: the last must answer). Its answer is kept when the separability of the answer's own
+tokens clears ``tau_depth``; otherwise (rejected, no answer within D steps, a failure) the
+query goes to the large agent exactly as at depth 0, which never sees the small loop.
+
+Why the answer's tokens only: an agent turn is mostly reasoning and tool syntax that the
+model writes with great confidence; its minimum over every token would judge the think text.
+
+The expected cost per query, with judge cost c_J, draft cost c_S, the small loop's cost c_S^D
+and the agent's L_agent (beta: share judged tool-free, alpha: their drafts accepted,
+alpha_D: tool-needing queries accepted at depth D)::
+
+    E[L] = c_J + beta c_S + (1 - beta) c_S^D + (1 - beta alpha - (1 - beta) alpha_D) L_agent
+
+Depth pays when the agent time it saves, (1 - beta) alpha_D L_agent, exceeds what the small
+loop costs on every tool-needing query, (1 - beta) c_S^D: when alpha_D > c_S^D / L_agent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .separability import GateConfig, answer_span
+from .state import Draft
+
+__all__ = ["small_loop_input", "tool_draft"]
+
+
+def small_loop_input(query: dict, state: dict, depth: int) -> dict[str, Any]:
+    """The small loop's input: the query, D + 1 model turns, the query's deadlines."""
+    settings = state["settings"]
+    return {
+        "question": query["question"],
+        "images": query["images"],
+        "options": query["options"],
+        "draft": None,  # no draft to fall back on: no answer within D steps is a rejection
+        "max_steps": depth + 1,
+        "deadline": state.get("deadline"),
+        "model_timeout_s": settings["model_timeout_s"],
+        "tool_timeout_s": settings["tool_timeout_s"],
+    }
+
+
+def tool_draft(
+    out: dict[str, Any], depth: int, gate: GateConfig, tagged: bool, latency_s: float
+) -> Draft:
+    """The small loop's result as a gated draft (``accepted`` says whether it answers).
+
+    ``out`` is the loop's output with ``keep_logprobs`` on; ``tagged``: the protocol writes
+    its answer in ``<answer>`` tags (DeepEyes, Thyme), so only those tokens are scored.
+    """
+    steps = [dict(s) for s in out.get("agent_steps") or []]
+    logprobs = steps[-1].get("logprobs") if steps else None
+    for step in steps:
+        step.pop("logprobs", None)  # the score's evidence is kept below, once
+    draft: Draft = {
+        "text": (out.get("answer") or "").strip(),
+        "depth": depth,
+        "steps": steps,
+        "stop_reason": out.get("stop_reason"),
+        "latency_s": latency_s,
+        "accepted": False,
+    }
+    if out.get("error"):
+        draft["error"] = "small loop: " + str(out["error"]).removeprefix("agent: ")
+    elif out.get("stop_reason") != "answered" or not draft["text"]:
+        draft["error"] = f"small loop: no answer ({out.get('stop_reason') or 'empty'})"
+    else:
+        draft.update(gate.decide(answer_span(logprobs) if tagged and logprobs else logprobs))
+    return draft
