@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -65,13 +64,13 @@ from .effects import Blocking, Collect, ModelCall, Steps, Subgraph, node, router
 from .messages import Protocol, bare_model, for_model, user_message
 from .parallel_drafts import StartedDrafts
 from .prompts import Prompts
-from .protocol import message_text
+from .protocol import message_text, parse_judge
 from .query import read_query
 from .separability import GateConfig
 from .settings import Limits, OnError, RunSettings, resolve_settings, run_overrides
 from .specreason import run_specreason
 from .state import Draft, Mode, SpecEyesContext, SpecEyesInput, SpecEyesOutput, SpecEyesState
-from .tool_speculation import small_loop_input, tool_draft
+from .tool_speculation import after_tool_gate, speculate_tools_node
 from .toolsets import Toolset, build_tools, load_toolset
 
 __all__ = [
@@ -84,7 +83,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 Speculation = Literal["parallel", "after_judge"]
-_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S)
 
 # What intake writes first: no output of an earlier run on the same thread survives.
 _CLEAN_RUN: dict[str, Any] = {
@@ -112,17 +110,6 @@ _FIRST_NODE = {
 
 class SpecEyesError(RuntimeError):
     """A query failed and the run was asked to raise (``on_error="raise"``)."""
-
-
-def parse_judge(text: str) -> bool:
-    """True (tool-free) iff the judge's answer, lower-cased, starts with "no".
-
-    This is the published rule; anything else, including an empty or garbled answer,
-    routes to the agent loop (the safe default: it costs time, never accuracy). A leading
-    ``<think>`` block is skipped.
-    """
-    visible = _THINK.sub("", text or "").strip().strip("\"'*`").lower()
-    return visible.startswith("no")
 
 
 def create_speceyes_graph(
@@ -507,36 +494,7 @@ def create_speceyes_graph(
             max_tokens=speculator_step_tokens,
         ).compile(name="small_loop")
         tagged = chosen in ("deepeyes", "thyme")  # answers in <answer> tags: gate those tokens
-
-        def speculate_tools_node(state: SpecEyesState) -> Steps:
-            t0 = time.perf_counter()
-            settings = state["settings"]
-            depth = settings["speculation_depth"]
-            try:
-                with deadline_scope(state.get("deadline")):
-                    check_deadline("small tool loop")
-                out = yield Subgraph(
-                    small_loop.copy(update={"checkpointer": False}),  # as the agent loop runs
-                    small_loop_input(state["query"], state, depth),
-                    {"recursion_limit": recursion_limit(depth + 1)},
-                )
-            except Exception as exc:  # the large agent still answers: record, do not fail
-                out = {"error": f"{type(exc).__name__}: {exc}", "stop_reason": "error"}
-            gate_config = RunSettings(**settings).gate(gate).after_tools()
-            elapsed = time.perf_counter() - t0
-            draft = tool_draft(out, depth, gate_config, tagged, elapsed)
-            update: dict[str, Any] = {
-                "tool_draft": draft,
-                "timings": {"speculate_tools": elapsed},
-            }
-            if draft["accepted"]:
-                update.update(answer=draft["text"], route="speculative-tools")
-            return update
-
-        def after_tool_gate(state: SpecEyesState) -> str:
-            return "accept" if state.get("route") == "speculative-tools" else "reject"
-
-        graph.add_node("speculate_tools", node(speculate_tools_node))
+        graph.add_node("speculate_tools", node(speculate_tools_node(small_loop, gate, tagged)))
         graph.add_conditional_edges(
             "speculate_tools",
             router(after_tool_gate),

@@ -23,6 +23,7 @@ __all__ = [
     "format_tool_call",
     "message_text",
     "parse_deepeyes",
+    "parse_judge",
     "parse_thyme",
 ]
 
@@ -153,3 +154,14 @@ def parse_thyme(text: str, tool_name: str = "python_sandbox") -> ParsedTurn:
         }
     )
     return turn
+
+
+def parse_judge(text: str) -> bool:
+    """True (tool-free) iff the judge's answer, lower-cased, starts with "no".
+
+    This is the published rule; anything else, including an empty or garbled answer,
+    routes to the agent loop (the safe default: it costs time, never accuracy). A leading
+    ``<think>`` block is skipped.
+    """
+    visible = _THINK.sub("", text or "").strip().strip("\"'*`").lower()
+    return visible.startswith("no")

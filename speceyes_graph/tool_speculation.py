@@ -24,12 +24,60 @@ loop costs on every tool-needing query, (1 - beta) c_S^D: when alpha_D > c_S^D /
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
-from .separability import GateConfig, answer_span
-from .state import Draft
+from langgraph.graph.state import CompiledStateGraph
 
-__all__ = ["small_loop_input", "tool_draft"]
+from speceyes_tools.deadlines import check_deadline, deadline_scope
+
+from .agent import recursion_limit
+from .effects import Steps, Subgraph
+from .separability import GateConfig, answer_span
+from .settings import RunSettings
+from .state import Draft, SpecEyesState
+
+__all__ = ["after_tool_gate", "small_loop_input", "speculate_tools_node", "tool_draft"]
+
+
+def speculate_tools_node(
+    small_loop: CompiledStateGraph, gate: GateConfig, tagged: bool
+) -> Callable[[SpecEyesState], Steps]:
+    """The ``speculate_tools`` node: the small model's loop for this run's depth, gated.
+
+    ``small_loop`` is the agent loop built for the small model (its tools, frame, prompts,
+    ``keep_logprobs``; no answer at the step limit); ``gate`` the graph's gate, with this
+    run's overrides applied per query; ``tagged``: the protocol writes ``<answer>`` tags.
+    """
+
+    def speculate_tools(state: SpecEyesState) -> Steps:
+        t0 = time.perf_counter()
+        settings = state["settings"]
+        depth = settings["speculation_depth"]
+        try:
+            with deadline_scope(state.get("deadline")):
+                check_deadline("small tool loop")
+            out = yield Subgraph(
+                small_loop.copy(update={"checkpointer": False}),  # as the agent loop runs
+                small_loop_input(state["query"], state, depth),
+                {"recursion_limit": recursion_limit(depth + 1)},
+            )
+        except Exception as exc:  # the large agent still answers: record, do not fail
+            out = {"error": f"{type(exc).__name__}: {exc}", "stop_reason": "error"}
+        elapsed = time.perf_counter() - t0
+        gate_config = RunSettings(**settings).gate(gate).after_tools()
+        draft = tool_draft(out, depth, gate_config, tagged, elapsed)
+        update: dict[str, Any] = {"tool_draft": draft, "timings": {"speculate_tools": elapsed}}
+        if draft["accepted"]:
+            update.update(answer=draft["text"], route="speculative-tools")
+        return update
+
+    return speculate_tools
+
+
+def after_tool_gate(state: SpecEyesState) -> str:
+    return "accept" if state.get("route") == "speculative-tools" else "reject"
 
 
 def small_loop_input(query: dict, state: dict, depth: int) -> dict[str, Any]:

@@ -228,10 +228,15 @@ def test_records_and_report_show_the_small_loop_and_alpha_depth(tmp_path, scene)
     assert "alpha_depth" in md and "expected_latency_s" in md and "E[L]" in md
 
 
-def test_thyme_small_loop_runs_its_code_in_the_sandbox(scene):
+@pytest.mark.parametrize("served", [False, True])
+def test_thyme_small_loop_runs_its_code_in_the_sandbox(scene, served):
     """Depth-D under the Thyme protocol: the small model's program runs in the same OS
-    sandbox, its output continues the small model's turn, the answer's tokens are gated."""
+    sandbox, its output continues the small model's turn (a served small model is asked to
+    continue it, as the agent is), the answer's tokens are gated."""
     from test_thyme import thyme_agent
+
+    class Served(ScriptedChatModel):
+        extra_body: dict | None = None
 
     written = thyme_agent()
 
@@ -245,10 +250,11 @@ def test_thyme_small_loop_runs_its_code_in_the_sandbox(scene):
             content=text, response_metadata={"logprobs": fake_logprobs(tokens, [3.0, 9, 9, 9])}
         )
 
+    small = (Served if served else ScriptedChatModel)(respond=respond)
     agent = thyme_agent()
     graph = create_speceyes_graph(
         judge=judge("yes"),
-        speculator=ScriptedChatModel(respond=respond),
+        speculator=small,
         agent=agent,
         tools="thyme",
         speculation_depth=1,
@@ -260,3 +266,8 @@ def test_thyme_small_loop_runs_its_code_in_the_sandbox(scene):
     call = tool["steps"][0]["tool_calls"][0]
     assert call["name"] == "python_sandbox" and call["error"] is None
     assert "crop.png" in call["stdout"] and tool["text"].startswith("1 image(s)")
+    continued = [kw.get("extra_body") for kw in small.call_kwargs[1:]]
+    if served:
+        assert continued == [{"continue_final_message": True, "add_generation_prompt": False}]
+    else:
+        assert continued == [None]
