@@ -251,3 +251,23 @@ def test_real_models_follow_the_gate(tiny_chat, scenes, tau, route):
         assert out["answer"] == out["draft"]["text"]
     else:
         assert len(out["agent_steps"]) >= 1
+
+
+def test_log_probs_with_a_stop_string_that_cuts_the_reply(tiny_chat):
+    """A small model's tool-loop turn (depth-D speculation) asks for top-K log-probs and stop
+    strings at once: the cut keeps the log-probs of the tokens before the stop string."""
+    from langchain_core.messages import HumanMessage
+
+    small = tiny_chat["small"]
+    messages = [HumanMessage("What is the color of the object?")]
+    full = small.invoke(messages)
+    content = full.response_metadata["logprobs"]["content"]
+    visible = [e["token"] for e in content if e["token"].strip()]
+    assert len(visible) >= 2, content
+    stop = visible[1]
+    cut = small.invoke(messages, stop=[stop])
+    kept = cut.response_metadata["logprobs"]["content"]
+    assert cut.response_metadata["finish_reason"] == "stop"
+    assert stop not in cut.content and len(kept) < len(content)
+    assert all(len(e["top_logprobs"]) == 16 for e in kept)
+    assert [e["token"] for e in kept] == [e["token"] for e in content[: len(kept)]]

@@ -181,6 +181,62 @@ def test_training_prompts_match_what_the_graph_sends(processors, tmp_path):
     assert len(processors["large"].tokenizer.encode(think)) >= 30  # the agent thinks first
 
 
+def test_small_loop_prompts_match_what_the_graph_sends(processors, tmp_path):
+    """Depth 1: the small model's own loop renders exactly its training conversations (its
+    128 px view, its box through the small-frame tool, the crop it then sees)."""
+    from speceyes_graph.demo.world import SMALL_FRAME
+
+    scene = make_scene(np.random.default_rng(4), tiny=True)
+    path = tmp_path / "scene.png"
+    Image.fromarray(scene.image).save(path)
+    convs = conversations(scene)
+    seen = {}
+
+    def small(messages):
+        if "<tool_response>" in str(messages[-1].content):
+            seen["small_after_zoom"] = messages
+            reply = convs["small_after_zoom"][2]
+            return AIMessage(
+                content=reply,
+                response_metadata={"logprobs": fake_logprobs(["<answer>", scene.colour], [9, 9])},
+            )
+        seen["small_zoom"] = messages
+        return convs["small_zoom"][2]
+
+    agent = ScriptedChatModel(respond=lambda m: "<answer>never</answer>")
+    out = (
+        create_speceyes_graph(
+            judge=ScriptedChatModel(respond=lambda m: "yes"),
+            speculator=ScriptedChatModel(respond=small),
+            agent=agent,
+            prompts=DEMO_PROMPTS,
+            loop=DEMO_GRAPH_SETTINGS["loop"],
+            resize=LARGE_SPEC,
+            speculator_resize=SMALL_SPEC,
+            speculation_depth=1,
+        )
+        .compile()
+        .invoke({"question": scene.question, "images": [str(path)], "options": scene.options})
+    )
+    assert out["route"] == "speculative-tools" and out["answer"] == scene.colour
+    assert agent.calls == 0
+    box = out["tool_draft"]["steps"][0]["tool_calls"][0]["box"]
+    r, c = scene.region
+    edges = [round(e * 1024 / 128) for e in SMALL_FRAME.edges]
+    assert box == [edges[c], edges[r], edges[c + 1], edges[r + 1]]  # the small frame's region
+    for task in ("small_zoom", "small_after_zoom"):
+        wire = to_wire(seen[task], "deepeyes", DEMO_PROMPTS.tool_response_instruction, True)
+        hf, images = to_hf_messages(wire)
+        expected_msgs, expected_images, _ = convs[task]
+        proc = processors["small"]
+        assert proc.apply_chat_template(
+            hf, add_generation_prompt=True, tokenize=False
+        ) == proc.apply_chat_template(expected_msgs, add_generation_prompt=True, tokenize=False)
+        assert len(images) == len(expected_images)
+        for a, b in zip(images, expected_images, strict=True):
+            assert a.shape == b.shape and np.array_equal(a, b)
+
+
 def test_encode_and_collate(processors):
     proc = processors["large"]
     scene = make_scene(np.random.default_rng(1), tiny=True)

@@ -5,6 +5,8 @@ checkpoints and saved with ``save_pretrained``:
 
 - **small** (Qwen3-VL, 1.4M parameters): answers from the downscaled whole image (the
   speculator). It learns large objects; tiny ones stay a guess, which its logits show.
+  A second stage (``init_from`` the first, ``small_zoom``/``small_after_zoom`` weights)
+  teaches it the depth-1 loop: one zoom in its own 128 px frame, then the answer.
 - **large** (Qwen2.5-VL, 2.75M parameters): answers the published judge prompt (yes = tools
   help = tiny object), and as the agent thinks, zooms on the named region with a DeepEyes
   ``image_zoom_in_tool`` call, thinks over the crop and answers.
@@ -30,7 +32,9 @@ import numpy as np
 
 from .world import (
     DEMO_TOKENS,
+    LARGE_FRAME,
     LARGE_SPEC,
+    SMALL_FRAME,
     SMALL_SPEC,
     Scene,
     conversations,
@@ -193,23 +197,39 @@ def collate(samples: list[dict], pad_id: int) -> dict:
 
 
 def batches(
-    processor: Any, rng: np.random.Generator, weights: dict[str, float], batch_size: int
+    processor: Any,
+    rng: np.random.Generator,
+    weights: dict[str, float],
+    batch_size: int,
+    tiny_share: float = 0.5,
 ) -> Iterator[tuple[str, dict]]:
-    """Endless (task, collated batch) pairs: one task per batch, fresh scenes, half tiny."""
+    """Endless (task, collated batch) pairs: one task per batch, fresh scenes, ``tiny_share``
+    of them tiny (half by default; the exact half-split draw when it is 0.5)."""
     tasks, p = list(weights), np.array(list(weights.values()))
     pad = processor.tokenizer.pad_token_id
     while True:
         task = tasks[int(rng.choice(len(tasks), p=p / p.sum()))]
         samples = []
         while len(samples) < batch_size:
-            tiny = False if task == "colour_full" else bool(rng.integers(0, 2))
+            if task == "colour_full":
+                tiny = False
+            elif tiny_share == 0.5:
+                tiny = bool(rng.integers(0, 2))
+            else:
+                tiny = bool(rng.random() < tiny_share)
             samples.append(encode(processor, *conversations(make_scene(rng, tiny))[task]))
         yield task, collate(samples, pad)
 
 
 # --- evaluation (greedy, on held-out scenes) -------------------------------------------------------
 
-EVAL_TASKS = {"small": ("draft",), "large": ("judge", "zoom", "after_zoom")}
+EVAL_TASKS = {
+    "small": ("draft", "small_zoom", "small_after_zoom"),
+    "large": ("judge", "zoom", "after_zoom"),
+}
+# The frame each tool-call task's box is written in (the box is right when it equals the
+# region's box there, token for token).
+ZOOM_FRAMES = {"zoom": LARGE_FRAME, "small_zoom": SMALL_FRAME}
 
 
 def held_out_scenes(n: int = 64, seed: int = 10_000) -> list[Scene]:
@@ -252,9 +272,10 @@ def evaluate(kind: str, model: Any, processor: Any, scenes: list[Scene]) -> dict
                     ok = text.strip() == scene.colour
                 elif task == "judge":
                     ok = text.strip().lower().startswith("yes" if scene.tiny else "no")
-                elif task == "zoom":
+                elif task in ZOOM_FRAMES:
                     calls = parse_deepeyes(text, {"image_zoom_in_tool"}).tool_calls
-                    ok = bool(calls) and calls[0]["args"].get("bbox_2d") == region_box(scene.region)
+                    box = region_box(scene.region, ZOOM_FRAMES[task])
+                    ok = bool(calls) and calls[0]["args"].get("bbox_2d") == box
                 else:
                     ok = extract_answer(text) == scene.colour
                 hits.setdefault(f"{task}_{size}", []).append(ok)
@@ -263,10 +284,15 @@ def evaluate(kind: str, model: Any, processor: Any, scenes: list[Scene]) -> dict
 
 def _selection_score(kind: str, metrics: dict[str, float]) -> float:
     """What "best checkpoint" means: the large model's end-to-end chance on tiny objects
-    (box right and answer right) with its other skills; the small model's accuracy on every
-    held-out scene (the best speculator we can train, tiny targets included)."""
+    (box right and answer right) with its other skills. The small model's tool-free draft on
+    large objects (the queries it speculates on without tools) and its depth-1 loop end to
+    end, per size (box right and answer right); its tool-free draft on tiny objects is left
+    out: it stays at chance (the dots are below what it resolves) and would only add noise."""
     if kind == "small":
-        return (metrics["draft_large"] + metrics["draft_tiny"]) / 2
+        loop = [
+            metrics[f"small_zoom_{s}"] * metrics[f"small_after_zoom_{s}"] for s in ("tiny", "large")
+        ]
+        return float(np.mean([metrics["draft_large"], *loop]))
     e2e = metrics["zoom_tiny"] * metrics["after_zoom_tiny"]
     rest = [metrics[k] for k in ("judge_tiny", "judge_large", "zoom_large", "after_zoom_large")]
     return e2e + float(np.mean(rest))
@@ -293,6 +319,7 @@ def train_demo(
     init_from: str | Path | None = None,
     task_weights: dict[str, float] | None = None,
     log: Callable[[str], None] | None = None,
+    tiny_share: float = 0.5,
 ) -> Path:
     """Train one demo checkpoint for a wall-clock budget (or ``max_steps``); keep the best.
 
@@ -302,7 +329,10 @@ def train_demo(
     (``position`` stacks the bars of parallel trainings) runs over the steps or seconds;
     ``log`` receives the loss and evaluation lines (default: printed above the bar).
     ``init_from`` continues from a saved checkpoint (a second stage, with its own
-    ``task_weights``, usually a lower ``lr`` and ``colour_steps=0``).
+    ``task_weights``, usually a lower ``lr`` and ``colour_steps=0``). ``tiny_share``: the
+    share of tiny-object scenes in a batch; raising it closes a shortcut: with a large object
+    in view a model learns to zoom where the object is, not where the question says, and
+    only tiny scenes (four dots, one per colour) force it to read the region name.
     """
     import torch
 
@@ -328,7 +358,7 @@ def train_demo(
     )
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     rng = np.random.default_rng(seed)
-    main = batches(processor, rng, weights, batch_size)
+    main = batches(processor, rng, weights, batch_size, tiny_share)
     first = (
         batches(processor, rng, COLOUR_STAGE[kind], batch_size)
         if colour_steps and COLOUR_STAGE[kind]
@@ -400,6 +430,7 @@ def train_demo(
         "lr": lr,
         "colour_steps": colour_steps,
         "task_weights": weights,
+        "tiny_share": tiny_share,
         "init_from": str(init_from) if init_from else None,
         "previous_stage": _history(init_from) if init_from else None,
         "best_score": best,

@@ -18,6 +18,11 @@ generations with reasoning, and skipping it pays, as in the paper. Naming the re
 model's 112 px frame is a single token, so a box is four tokens (see the training notes in
 the project's shared docs for the measurements behind each choice).
 
+The small model can run the same loop once (depth-1 speculation): it sees the scene at 128 px,
+so it writes its boxes in that frame (:data:`SMALL_FRAME`, edges one token each too), with a
+one-sentence think before each action, so its loop stays cheap and its few box tokens are not
+buried under think text (the notes measured a ~100-token think hiding them for 19 minutes).
+
 Everything a conversation contains is rendered exactly as the graph renders it at inference
 (``tests/test_training.py`` runs the real graph with recording models and compares).
 """
@@ -31,6 +36,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageDraw
 
+from speceyes_tools.geometry import limit_aspect
 from speceyes_tools.images import ResizeSpec
 from speceyes_tools.vision import resolve_box, zoom_array
 
@@ -45,15 +51,20 @@ from ..prompts import (
 __all__ = [
     "COLOURS",
     "DEMO_PROMPTS",
+    "LARGE_FRAME",
     "LARGE_SPEC",
     "REGIONS",
+    "SMALL_FRAME",
     "SMALL_SPEC",
+    "Frame",
     "Scene",
+    "after_tool",
     "conversations",
     "make_scene",
     "question_for",
     "region_box",
     "tool_call_text",
+    "tool_crop",
     "view",
     "zoomed_crop",
 ]
@@ -77,7 +88,10 @@ SMALL_SPEC = ResizeSpec(factor=32, min_pixels=128 * 128, max_pixels=128 * 128)
 # and the same edges in original pixels, as the zoom tool maps them.
 MODEL_EDGES = (0, 37, 75, 112)
 EDGES = tuple(round(e * CANVAS / 112) for e in MODEL_EDGES)  # (0, 338, 686, 1024)
-COORDINATE_TOKENS = tuple(str(e) for e in MODEL_EDGES if e >= 10)
+# The same grid in the small model's 128 px frame (original pixels (0, 344, 680, 1024): the
+# region is 6 px narrower per side than EDGES, still well outside the MARGIN objects keep).
+SMALL_MODEL_EDGES = (0, 43, 85, 128)
+COORDINATE_TOKENS = tuple(str(e) for e in MODEL_EDGES + SMALL_MODEL_EDGES if e >= 10)
 # Two-word region names are single tokens too (with their leading space, as they always stand
 # after "the"): split as "top" + "-left", the tiny agent never learned to copy "-left" rather
 # than "-right" from the question (measured: every top-left and bottom-left box on the right).
@@ -124,6 +138,25 @@ THINK_ANSWER = (
     "background, with nothing else in that part of the image to confuse it with. "
     "Its color is {colour}, so that is my answer.</think>\n"
 )
+# The small agent's one-sentence thinks (depth-1 speculation): its loop is meant to be cheap,
+# and a short think leaves the box tokens a visible share of the loss. One text for both
+# sizes, with the region name right before the box (measured: with a think per size, only
+# the large objects' boxes were learned).
+SMALL_THINK_ZOOM = "<think>I will zoom in on the {region} region.</think>\n"
+SMALL_THINK_ANSWER = "<think>The zoomed view shows the object clearly.</think>\n"
+
+
+@dataclass(frozen=True)
+class Frame:
+    """The pixel frame a model writes its boxes in: the grid edges there, and the resize that
+    defines that frame (the zoom tool maps the box back to original pixels through it)."""
+
+    edges: tuple[int, ...]
+    spec: ResizeSpec
+
+
+LARGE_FRAME = Frame(MODEL_EDGES, LARGE_SPEC)
+SMALL_FRAME = Frame(SMALL_MODEL_EDGES, SMALL_SPEC)
 
 
 @dataclass
@@ -148,13 +181,18 @@ def question_for(region: tuple[int, int]) -> str:
     return f"What is the color of the object in the {REGIONS[region[0]][region[1]]} region?"
 
 
-def make_scene(rng: np.random.Generator, tiny: bool) -> Scene:
+def make_scene(
+    rng: np.random.Generator, tiny: bool, target_side: tuple[int, int] | None = None
+) -> Scene:
     """One scene; deterministic in the generator's state.
 
     Besides the target, three other regions hold a tiny dot each (distractors). In a tiny
     scene the four dots carry the four colours, so only the dot in the named region answers
     the question: seeing "a red dot somewhere" is not enough, and a model that cannot tell
     which dot lies where is at chance, while the zoomed region shows the target alone.
+
+    ``target_side`` overrides the target's side range (TINY_SIDE / LARGE_SIDE by kind): the
+    measurements try harder variants of a tiny scene with it (a 5-8 px target).
     """
     palette = list(COLOURS)
     colour = palette[int(rng.integers(0, len(palette)))]
@@ -168,7 +206,7 @@ def make_scene(rng: np.random.Generator, tiny: bool) -> Scene:
         distractors = [palette[int(rng.integers(0, len(palette)))] for _ in others]
     img = Image.fromarray(_background())
     draw = ImageDraw.Draw(img)
-    box = _place(rng, draw, region, TINY_SIDE if tiny else LARGE_SIDE, colour)
+    box = _place(rng, draw, region, target_side or (TINY_SIDE if tiny else LARGE_SIDE), colour)
     for where, c in zip(others, distractors, strict=True):
         _place(rng, draw, where, TINY_SIDE, c)
     options = [str(c) for c in rng.permutation(palette)]
@@ -210,21 +248,34 @@ def view(image: np.ndarray, spec: ResizeSpec) -> np.ndarray:
     return cv2.resize(image, (tw, th), interpolation=cv2.INTER_AREA)
 
 
-def region_box(region: tuple[int, int]) -> list[int]:
-    """The region as a box in the large model's 112 px frame (what the agent writes)."""
+def region_box(region: tuple[int, int], frame: Frame = LARGE_FRAME) -> list[int]:
+    """The region as a box in a model's frame (what its agent writes): by default the large
+    model's 112 px frame."""
     r, c = region
-    return [MODEL_EDGES[c], MODEL_EDGES[r], MODEL_EDGES[c + 1], MODEL_EDGES[r + 1]]
+    e = frame.edges
+    return [e[c], e[r], e[c + 1], e[r + 1]]
 
 
-def tool_call_text(region: tuple[int, int]) -> str:
-    call = {"name": "image_zoom_in_tool", "arguments": {"bbox_2d": region_box(region)}}
+def tool_call_text(region: tuple[int, int], frame: Frame = LARGE_FRAME) -> str:
+    call = {"name": "image_zoom_in_tool", "arguments": {"bbox_2d": region_box(region, frame)}}
     return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
 
-def zoomed_crop(scene: Scene) -> tuple[np.ndarray, str]:
-    """The crop and tool text the real image_zoom_in_tool returns for the region's box."""
-    box = resolve_box(region_box(scene.region), scene.image, "model", LARGE_SPEC)
-    crop = zoom_array(scene.image, box, min_side=56, factor=28)
+def zoomed_crop(scene: Scene, frame: Frame = LARGE_FRAME) -> tuple[np.ndarray, str]:
+    """The crop and tool text the real image_zoom_in_tool returns for the region's box, as
+    the model of that frame writes it (the tool maps it back through the model's resize)."""
+    return tool_crop(scene.image, region_box(scene.region, frame), frame)
+
+
+def tool_crop(
+    image: np.ndarray, bbox: list[int], frame: Frame = LARGE_FRAME
+) -> tuple[np.ndarray, str]:
+    """The crop and tool text the real image_zoom_in_tool (default settings) returns for any
+    box a model writes in its frame (end-to-end measurements feed it the model's own box);
+    raises the tool's ToolException for a box it rejects."""
+    h, w = image.shape[:2]
+    box = limit_aspect(resolve_box(bbox, image, "model", frame.spec), w, h, 100.0)
+    crop = zoom_array(image, box, min_side=56, factor=28)
     h, w = crop.shape[:2]
     text = f"image_zoom_in_tool: region {box.as_list()} of the original image, shown at {w}x{h}."
     if box.notes:
@@ -241,6 +292,15 @@ def answer_reply(scene: Scene) -> str:
     return f"{think}<answer>{scene.colour}</answer>"
 
 
+def small_zoom_reply(scene: Scene) -> str:
+    think = SMALL_THINK_ZOOM.format(region=scene.region_name)
+    return think + tool_call_text(scene.region, SMALL_FRAME)
+
+
+def small_answer_reply(scene: Scene) -> str:
+    return f"{SMALL_THINK_ANSWER}<answer>{scene.colour}</answer>"
+
+
 def _system(text: str) -> dict:
     return {"role": "system", "content": [{"type": "text", "text": text}]}
 
@@ -252,6 +312,22 @@ def _user(text: str, *images: np.ndarray) -> dict:
     }
 
 
+def after_tool(agent: list[dict], call: str, tool_text: str) -> list[dict]:
+    """The agent's first turn, its tool call, and the tool's response turn (text, crop) as
+    the graph renders them for the next generation."""
+    tool_turn = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "<tool_response>"},
+            {"type": "text", "text": tool_text},
+            {"type": "image"},
+            {"type": "text", "text": DEMO_PROMPTS.tool_response_instruction},
+            {"type": "text", "text": "</tool_response>"},
+        ],
+    }
+    return [*agent, {"role": "assistant", "content": [{"type": "text", "text": call}]}, tool_turn]
+
+
 Conversation = tuple[list[dict], list[np.ndarray], str]  # chat messages, images, target reply
 
 
@@ -259,24 +335,19 @@ def conversations(scene: Scene) -> dict[str, Conversation]:
     """Every training conversation for one scene, keyed by task.
 
     ``draft`` (small model), ``judge``, ``zoom`` (think + tool call), ``after_zoom`` (think +
-    answer over the crop), and two short-prompt auxiliaries that teach the large vision
-    tower colour first: ``colour_crop`` and, for large objects, ``colour_full``.
+    answer over the crop), the small model's depth-1 loop in its 128 px frame
+    (``small_zoom``, ``small_after_zoom``: the same turns, short thinks), and two short-prompt
+    auxiliaries that teach a vision tower colour first: ``colour_crop`` and, for large
+    objects, ``colour_full``.
     """
     q = DEMO_PROMPTS.question(scene.question, scene.options)
     full_large, full_small = view(scene.image, LARGE_SPEC), view(scene.image, SMALL_SPEC)
     agent = [_system(DEMO_AGENT_SYSTEM), _user(q + DEMO_PROMPTS.agent_suffix, full_large)]
     call = zoom_reply(scene)
     crop, text = zoomed_crop(scene)
-    tool_turn = {
-        "role": "user",
-        "content": [
-            {"type": "text", "text": "<tool_response>"},
-            {"type": "text", "text": text},
-            {"type": "image"},
-            {"type": "text", "text": DEMO_PROMPTS.tool_response_instruction},
-            {"type": "text", "text": "</tool_response>"},
-        ],
-    }
+    small_agent = [_system(DEMO_AGENT_SYSTEM), _user(q + DEMO_PROMPTS.agent_suffix, full_small)]
+    small_call = small_zoom_reply(scene)
+    small_crop, small_text = zoomed_crop(scene, SMALL_FRAME)
     out: dict[str, Conversation] = {
         "draft": (
             [_system(SPECULATOR_SYSTEM_PROMPT), _user(q + SPECULATOR_USER_SUFFIX, full_small)],
@@ -289,10 +360,12 @@ def conversations(scene: Scene) -> dict[str, Conversation]:
             "yes" if scene.tiny else "no",
         ),
         "zoom": (agent, [full_large], call),
-        "after_zoom": (
-            [*agent, {"role": "assistant", "content": [{"type": "text", "text": call}]}, tool_turn],
-            [full_large, crop],
-            answer_reply(scene),
+        "after_zoom": (after_tool(agent, call, text), [full_large, crop], answer_reply(scene)),
+        "small_zoom": (small_agent, [full_small], small_call),
+        "small_after_zoom": (
+            after_tool(small_agent, small_call, small_text),
+            [full_small, small_crop],
+            small_answer_reply(scene),
         ),
         "colour_crop": ([_user("What is the color of the object?", crop)], [crop], scene.colour),
     }
@@ -325,7 +398,14 @@ def corpus() -> list[str]:
             lines.append(
                 f"image_zoom_in_tool: region [{x1}, {y1}, {x2}, {y2}] of the original image, shown at 112x112."
             )
+            lines.append(tool_call_text((r, c), SMALL_FRAME))
+            x1, y1, x2, y2 = (round(v * CANVAS / 128) for v in region_box((r, c), SMALL_FRAME))
+            lines.append(
+                f"image_zoom_in_tool: region [{x1}, {y1}, {x2}, {y2}] of the original image, shown at 336x336."
+            )
     for name in names:
         lines += [THINK_ZOOM[True].format(region=name), THINK_ZOOM[False].format(region=name)]
         lines += [THINK_ANSWER.format(region=name, colour=c) for c in COLOURS]
+        lines.append(SMALL_THINK_ZOOM.format(region=name))
+    lines += [SMALL_THINK_ANSWER + f"<answer>{c}</answer>" for c in COLOURS]
     return lines

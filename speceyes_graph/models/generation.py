@@ -205,10 +205,10 @@ class BatchedGeneration:
                 text = text[:cut]
                 finish = "stop"
                 acc, kept = "", 0
-                for piece in pieces:
+                for text_of_token in pieces:
                     if len(acc) >= cut:
                         break
-                    acc += piece
+                    acc += text_of_token
                     kept += 1
         metadata: dict[str, Any] = {"model_name": self.model_name, "finish_reason": finish}
         if step_top is not None:
