@@ -223,8 +223,7 @@ def create_speceyes_chat_graph(
         # `speceyes` itself stays the subgraph that xray drawings and Studio show.
         run = speceyes.copy(update={"checkpointer": False})
         out = yield from _run_unstreamed(run, query, config)
-        draft = out.get("draft") or {}
-        meta = {"speceyes": {"route": out.get("route"), "score": draft.get("score")}}
+        meta = {"speceyes": {"route": out.get("route"), "score": gate_score(out)}}
         text = _spelled_out(out.get("answer"), query["options"]) or (
             f"I could not answer: {out.get('error') or 'no answer'}"
         )
@@ -260,6 +259,13 @@ class _AskArgs(BaseModel):
     )
 
 
+def gate_score(out: dict[str, Any]) -> float | None:
+    """The score of the gate that decided: the small loop's answer on route
+    ``speculative-tools`` (depth-D speculation), else the tool-free draft's."""
+    key = "tool_draft" if out.get("route") == "speculative-tools" else "draft"
+    return (out.get(key) or {}).get("score")
+
+
 def speceyes_tool(
     graph: Any,
     *,
@@ -278,9 +284,8 @@ def speceyes_tool(
     def compact(out: dict[str, Any]) -> str:
         if out.get("error"):
             raise ToolException(f"Error: {out['error']}")
-        draft = out.get("draft") or {}
         return json.dumps(
-            {"answer": out.get("answer"), "route": out.get("route"), "score": draft.get("score")}
+            {"answer": out.get("answer"), "route": out.get("route"), "score": gate_score(out)}
         )
 
     # The calling agent's messages stream gets the tool's result, not the inner run's

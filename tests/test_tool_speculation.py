@@ -271,3 +271,13 @@ def test_thyme_small_loop_runs_its_code_in_the_sandbox(scene, served):
         assert continued == [{"continue_final_message": True, "add_generation_prompt": False}]
     else:
         assert continued == [None]
+
+
+def test_speceyes_tool_reports_the_small_loops_score(scene):
+    """For another agent, the score is the gate's that decided: the small loop's answer."""
+    from speceyes_graph import speceyes_tool
+
+    tool = speceyes_tool(build(small_agent()))
+    result = json.loads(tool.invoke({"question": "What colour is the dot?", "images": [scene]}))
+    assert result["route"] == "speculative-tools" and result["answer"] == "red"
+    assert result["score"] == pytest.approx(acceptance_score(9.0), rel=1e-6)
