@@ -51,19 +51,30 @@ def simulate(rng, n):
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
+TAUS = [1 / (1 + math.exp(-0.6 * s)) for s in np.linspace(12, 0, 61)]  # a grid in separability
+
+
+def separability_at(tau):
+    """The separability a gate score tau stands for (99: accept nothing)."""
+    return math.log(tau / (1 - tau)) / 0.6 if tau < 1 else 99
+
+
+def assert_rate_within(violations, trials, delta):
+    """The share of trials whose true risk passed eps is at most delta (3 standard errors)."""
+    rate = violations / trials
+    assert rate <= delta + 3 * math.sqrt(delta * (1 - delta) / trials), rate
+
+
 def test_the_guarantee_holds_in_simulation():
     eps, delta, trials, n = 0.03, 0.1, 300, 300
     rng = np.random.default_rng(42)
-    taus = [1 / (1 + math.exp(-0.6 * s)) for s in np.linspace(12, 0, 61)]
     violations, accepted = 0, []
     for _ in range(trials):
         records, baseline = simulate(rng, n)
-        result = calibrate(records, max_drop=eps, delta=delta, baseline=baseline, taus=taus)
-        s_star = math.log(result.tau / (1 - result.tau)) / 0.6 if result.tau < 1 else 99
-        violations += true_risk(s_star) > eps
+        result = calibrate(records, max_drop=eps, delta=delta, baseline=baseline, taus=TAUS)
+        violations += true_risk(separability_at(result.tau)) > eps
         accepted.append(result.calibration["accepted"])
-    rate = violations / trials
-    assert rate <= delta + 3 * math.sqrt(delta * (1 - delta) / trials), rate
+    assert_rate_within(violations, trials, delta)
     assert np.mean(accepted) > 0.2  # and it is not vacuous: it does accept drafts
 
 
@@ -133,22 +144,16 @@ def test_tau_depth_has_the_same_guarantee_in_simulation():
     """tau_depth is certified on the tool drafts alone: its loss stays under eps w.p. 1-delta."""
     eps, delta, trials, n = 0.03, 0.1, 150, 400
     rng = np.random.default_rng(7)
-    taus = [1 / (1 + math.exp(-0.6 * s)) for s in np.linspace(12, 0, 61)]
     violations, accepted = 0, []
     for _ in range(trials):
         records, baseline = simulate(rng, n)
         records = with_tool_drafts(records, rng)
-        result = calibrate(records, max_drop=eps, delta=delta, baseline=baseline, taus=taus)
+        result = calibrate(records, max_drop=eps, delta=delta, baseline=baseline, taus=TAUS)
         assert result.tau_depth is not None
-        s_star = (
-            math.log(result.tau_depth / (1 - result.tau_depth)) / 0.6
-            if result.tau_depth < 1
-            else 99
-        )
-        violations += 0.5 * true_risk(s_star) > eps  # half the queries carry a tool draft
+        # half the queries carry a tool draft
+        violations += 0.5 * true_risk(separability_at(result.tau_depth)) > eps
         accepted.append(result.depth_calibration["accepted"])
-    rate = violations / trials
-    assert rate <= delta + 3 * math.sqrt(delta * (1 - delta) / trials), rate
+    assert_rate_within(violations, trials, delta)
     assert np.mean(accepted) > 0.1
 
 
