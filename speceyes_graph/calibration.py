@@ -41,9 +41,26 @@ from typing import Any
 
 import numpy as np
 
-from .separability import DEFAULT_ALPHA, DEFAULT_K, GateConfig, acceptance_score, aggregate
+from .drift import ScoreDistribution, check_drift
+from .separability import (
+    DEFAULT_ALPHA,
+    DEFAULT_K,
+    GateConfig,
+    acceptance_score,
+    aggregate,
+    sorted_separability,
+)
 
-__all__ = ["Calibration", "binomial_tail_pvalue", "calibrate", "draft_scores"]
+__all__ = [
+    "Calibration",
+    "binomial_tail_pvalue",
+    "calibrate",
+    "draft_scores",
+    "draft_token_depth",
+    "gate_drift",
+    "raw_draft_score",
+    "separability_threshold",
+]
 
 AGGREGATIONS = ("min", "mean", "bottom-q")
 
@@ -69,33 +86,53 @@ def binomial_tail_pvalue(losses: int, n: int, eps: float) -> float:
     return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 
 
-def draft_scores(
+def raw_draft_score(
     record: dict, aggregation: str, k: int | None = None, key: str = "draft"
 ) -> float | None:
-    """A record's acceptance score recomputed from its draft's sorted top-K log-probs
-    (``key="tool_draft"``: the answer of depth-D speculation)."""
+    """A record's aggregated separability (before the sigmoid) recomputed from its draft's
+    sorted top-K log-probs (``key="tool_draft"``: the answer of depth-D speculation)."""
     top = (record.get(key) or {}).get("top_logprobs")
     if not top:
         return None
     m = np.asarray(top, dtype=float)
     if k is not None:
         m = m[:, :k]
-    if m.shape[1] < 2 or m.shape[0] == 0:
+    if m.ndim != 2 or m.shape[1] < 2 or m.shape[0] == 0 or not np.isfinite(m).all():
         return None
-    comp = m[:, 1:]
-    token = (m[:, 0] - comp.mean(axis=1)) / (comp.std(axis=1) + 1e-6)
-    return acceptance_score(aggregate(token, aggregation), DEFAULT_ALPHA)
+    return aggregate(sorted_separability(m), aggregation)
+
+
+def draft_scores(
+    record: dict, aggregation: str, k: int | None = None, key: str = "draft"
+) -> float | None:
+    """A record's acceptance score, ``sigmoid(alpha * raw_draft_score)``."""
+    raw = raw_draft_score(record, aggregation, k, key)
+    return None if raw is None else acceptance_score(raw, DEFAULT_ALPHA)
+
+
+def draft_token_depth(records: Sequence[dict]) -> int:
+    """The fewest top-K log-probs any draft kept: the K every record can be scored with."""
+    depths = [
+        len(r["draft"]["top_logprobs"][0])
+        for r in records
+        if (r.get("draft") or {}).get("top_logprobs")
+    ]
+    return min(depths) if depths else DEFAULT_K
 
 
 @dataclass
 class Calibration:
-    """The chosen gate, the guarantee, and how it did on calibration and held-out queries."""
+    """The chosen gate, the guarantee, and how it did on calibration and held-out queries.
+
+    ``distribution`` summarises the calibration drafts' scores, which ``speceyes report RUN
+    --against GATEFILE`` compares a later run with (:mod:`.drift`); ``mixture`` is the
+    label-free fit (:mod:`.label_free`). A label-free gate has no ``max_drop``/``delta``."""
 
     tau: float
     aggregation: str
     k: int
-    max_drop: float
-    delta: float
+    max_drop: float | None
+    delta: float | None
     n_calibration: int
     method: str = "Learn-then-Test, fixed-sequence, exact binomial tail"
     loss: str = "accepted, draft wrong, agent right"
@@ -104,6 +141,10 @@ class Calibration:
     tau_depth: float | None = None  # only when the records hold tool drafts (depth D > 0)
     depth_calibration: dict[str, Any] = field(default_factory=dict)
     depth_holdout: dict[str, Any] = field(default_factory=dict)
+    distribution: dict[str, Any] = field(default_factory=dict)
+    depth_distribution: dict[str, Any] = field(default_factory=dict)
+    mixture: dict[str, Any] = field(default_factory=dict)
+    depth_mixture: dict[str, Any] = field(default_factory=dict)
 
     def gate(self, base: GateConfig | None = None) -> GateConfig:
         return (base or GateConfig()).replace(
@@ -154,6 +195,22 @@ def _evaluate(scores, losses, tau, records, agent, key="draft"):
     return out
 
 
+def _distribution(records, aggregation, k, tau, key="draft") -> dict[str, Any]:
+    raw = [raw_draft_score(r, aggregation, k, key) for r in records]
+    return ScoreDistribution.from_scores(
+        [s for s in raw if s is not None], separability_threshold(tau)
+    ).to_dict()
+
+
+def separability_threshold(tau: float, alpha: float = DEFAULT_ALPHA) -> float:
+    """tau on the separability scale: sigmoid(alpha * S) > tau exactly when S > this."""
+    if tau >= 1:
+        return math.inf
+    if tau <= 0:
+        return -math.inf
+    return math.log(tau / (1 - tau)) / alpha
+
+
 def calibrate(
     records: Sequence[dict],
     *,
@@ -184,12 +241,7 @@ def calibrate(
     test = [r for r in rows if held(r)]
     if not cal:
         raise ValueError("no calibration records (with drafts and, if given, a baseline)")
-    depths = [
-        len(r["draft"]["top_logprobs"][0])
-        for r in cal
-        if (r.get("draft") or {}).get("top_logprobs")
-    ]
-    depth = min(depths) if depths else DEFAULT_K
+    depth = draft_token_depth(cal)
     k = min(k or depth, depth)
     grid = sorted(set(taus or [])) or None
     best: tuple[float, str, float] | None = None  # (acceptance, aggregation, tau)
@@ -216,6 +268,7 @@ def calibrate(
     )
     scores, losses = _losses_and_scores(cal, agent, aggregation, k)
     result.calibration = _evaluate(scores, losses, tau, cal, agent)
+    result.distribution = _distribution(cal, aggregation, k, tau)
     if test:
         scores, losses = _losses_and_scores(test, agent, aggregation, k)
         result.holdout = _evaluate(scores, losses, tau, test, agent)
@@ -225,7 +278,50 @@ def calibrate(
         chosen = _certified_tau(scores, losses, grid, max_drop, delta)
         result.tau_depth = 1.0 if chosen is None else float(chosen)
         result.depth_calibration = _evaluate(scores, losses, result.tau_depth, cal, agent, key)
+        result.depth_distribution = _distribution(cal, aggregation, k, result.tau_depth, key)
         if test:
             scores, losses = _losses_and_scores(test, agent, aggregation, k, key)
             result.depth_holdout = _evaluate(scores, losses, result.tau_depth, test, agent, key)
     return result
+
+
+def gate_drift(
+    records: Sequence[dict], gate_file: str | Path, level: float = 0.01
+) -> dict[str, Any]:
+    """A run's drafts against the distribution its gate was calibrated on (:mod:`.drift`):
+    ``{"draft": DriftCheck dict, "tool_draft": ..., "warnings": [...]}``."""
+    data = json.loads(Path(gate_file).read_text())
+    gate = data.get("gate", data)
+    out: dict[str, Any] = {"gate_file": str(gate_file), "warnings": []}
+    stages = (
+        ("draft", "distribution", gate.get("tau")),
+        ("tool_draft", "depth_distribution", gate.get("tau_depth")),
+    )
+    for key, field_name, tau in stages:
+        if not gate.get(field_name) or tau is None:
+            continue
+        raw = [
+            raw_draft_score(r, gate.get("aggregation", "min"), gate.get("k"), key) for r in records
+        ]
+        raw = [s for s in raw if s is not None]
+        if not raw:
+            out["warnings"].append(
+                f"the run has no {key}s with log-probs to compare with the gate's"
+            )
+            continue
+        what = "drafts" if key == "draft" else "tool drafts"
+        check = check_drift(
+            raw,
+            ScoreDistribution.from_dict(gate[field_name]),
+            separability_threshold(tau, gate.get("alpha", DEFAULT_ALPHA)),
+            level=level,
+            what=what,
+        )
+        out[key] = check.as_dict()
+        out["warnings"] += list(check.warnings)
+    if not gate.get("distribution"):
+        out["warnings"].append(
+            f"{gate_file} records no calibration distribution (written by an older version?): "
+            "calibrate again to watch for drift"
+        )
+    return out

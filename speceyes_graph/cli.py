@@ -271,10 +271,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibration import calibrate
 
     records = read_records(args.dir)
-    baseline = read_records(args.baseline) if args.baseline else None
     if not records:
         print(f"speceyes calibrate: no records in {args.dir}", file=sys.stderr)
         return 2
+    if args.unlabelled:
+        return _calibrate_unlabelled(args, records)
+    if args.max_drop is None:
+        print("speceyes calibrate: --max-drop EPS is needed (or --unlabelled)", file=sys.stderr)
+        return 2
+    baseline = read_records(args.baseline) if args.baseline else None
     result = calibrate(
         records,
         max_drop=args.max_drop,
@@ -309,6 +314,50 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate_unlabelled(args: argparse.Namespace, records: list[dict]) -> int:
+    from .label_free import NotBimodal, calibrate_unlabelled
+
+    aggregation = args.aggregations.split(",")[0]
+    try:
+        result = calibrate_unlabelled(
+            records,
+            aggregation=aggregation,
+            posterior=args.posterior,
+            target_acceptance=args.target_acceptance,
+        )
+    except NotBimodal as exc:
+        print(f"speceyes calibrate --unlabelled: refused: {exc}", file=sys.stderr)
+        return 3
+    out = Path(args.out or Path(args.dir) / "gate.json")
+    result.save(out)
+    fit, cal = result.mixture, result.calibration
+    (w1, w2), (m1, m2), (s1, s2) = fit["weights"], fit["means"], fit["sds"]
+    print(
+        f"two-component fit of {fit['n']} drafts' separability ({aggregation}): "
+        f"lower {w1:.0%} at {m1:.2f} +- {s1:.2f}, upper {w2:.0%} at {m2:.2f} +- {s2:.2f} "
+        f"(BIC gain {fit['delta_bic']:.1f}, Ashman's D {fit['ashman_d']:.2f})"
+    )
+    modelled = cal["modelled_accuracy_of_accepted"]
+    print(
+        f"tau {result.tau:.6g} (separability {cal['tau_separability']:.3f}; {result.method}): "
+        f"accepts {cal['accepted_of_drafts']:.3f} of drafts"
+        + (f", modelled accuracy of those {modelled:.3f}" if modelled is not None else "")
+        + ". No labels, no guarantee: check it against a labelled sample when you can"
+    )
+    if result.tau_depth is not None:
+        if "refused" in result.depth_mixture:
+            print(f"tau_depth 1.0 (no tool draft accepted): {result.depth_mixture['refused']}")
+        else:
+            print(
+                f"tau_depth {result.tau_depth:.6g}: accepts "
+                f"{result.depth_calibration['accepted_of_drafts']:.3f} of tool drafts"
+            )
+    print(
+        f"wrote {out} (use: speceyes bench --gate {out}; watch it: speceyes report RUN --against {out})"
+    )
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from .benchmarks.report import write_report
 
@@ -323,7 +372,13 @@ def cmd_report(args: argparse.Namespace) -> int:
             return 2
         judge = load_model(spec, "judge", top_logprobs=None, max_new_tokens=16, batch_size=8)
     report = write_report(
-        args.dir, args.baseline, args.out, scoring=args.scoring, judge=judge, compare=args.compare
+        args.dir,
+        args.baseline,
+        args.out,
+        scoring=args.scoring,
+        judge=judge,
+        compare=args.compare,
+        against=args.against,
     )
     out = Path(args.out or args.dir)
     print((out / "report.md").read_text())
@@ -331,6 +386,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         f"wrote {out / 'report.md'}, {out / 'report.json'}"
         + "".join(f", {out / p}" for p in report["plots"])
     )
+    for warning in (report.get("drift") or {}).get("warnings", []):
+        print(f"speceyes report: warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -610,12 +667,30 @@ def build_parser() -> argparse.ArgumentParser:
         "with probability at least 1-DELTA",
     )
     p.add_argument("dir", help="a run with drafts (--mode small or speceyes)")
-    p.add_argument("--max-drop", type=float, required=True, help="EPS, e.g. 0.01")
+    p.add_argument("--max-drop", type=float, help="EPS, e.g. 0.01 (labelled calibration)")
     p.add_argument("--delta", type=float, default=0.1, help="DELTA, e.g. 0.1")
     p.add_argument("--baseline", help="an agent-only run of the same queries (tighter loss)")
     p.add_argument("--aggregations", default="min", help="comma-separated: min,mean,bottom-q")
     p.add_argument("--holdout", type=float, default=0.3, help="share held out to check the gate")
     p.add_argument("--out", help="gate file to write (default: DIR/gate.json)")
+    p.add_argument(
+        "--unlabelled",
+        action="store_true",
+        help="no labels: tau from a two-component fit of the drafts' separability (refuses "
+        "when it is not clearly bimodal; no guarantee, see docs/reproduction.md)",
+    )
+    p.add_argument(
+        "--posterior",
+        type=float,
+        default=0.5,
+        help="--unlabelled: tau where P(upper component | score) reaches this (default 0.5: "
+        "where the posteriors cross; higher is stricter)",
+    )
+    p.add_argument(
+        "--target-acceptance",
+        type=float,
+        help="--unlabelled: tau that accepts this share of the drafts instead",
+    )
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("report", help="summarise a run, sweep tau offline against a baseline, plot")
@@ -640,6 +715,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--judge-model",
         help="an LLM grader for answers the rules cannot decide, with the published grader "
         "prompt (the paper used openai:URL#Qwen/Qwen2.5-72B-Instruct); any model spec",
+    )
+    p.add_argument(
+        "--against",
+        metavar="GATEFILE",
+        help="a gate file from `speceyes calibrate`: test whether this run's drafts still look "
+        "like the calibration ones (Kolmogorov-Smirnov, acceptance) and warn when they moved",
     )
     p.set_defaults(func=cmd_report)
     return parser

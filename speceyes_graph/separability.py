@@ -54,6 +54,7 @@ __all__ = [
     "is_accepted",
     "softmax_confidence",
     "softmax_confidence_from_logprobs",
+    "sorted_separability",
     "token_separability",
     "token_separability_from_logprobs",
     "top_logprob_values",
@@ -136,7 +137,8 @@ def _check_k(k: int, available: int, clamp: bool) -> int:
     )
 
 
-def _separability_of_sorted(top: np.ndarray) -> np.ndarray:
+def sorted_separability(top: np.ndarray) -> np.ndarray:
+    """Per-token S of a (tokens, K) matrix sorted descending: logits or log-probs alike."""
     competitors = top[:, 1:]
     return (top[:, 0] - competitors.mean(axis=1)) / (competitors.std(axis=1) + EPS)
 
@@ -144,7 +146,7 @@ def _separability_of_sorted(top: np.ndarray) -> np.ndarray:
 def token_separability(logits: Any, k: int = DEFAULT_K, *, clamp: bool = False) -> np.ndarray:
     """One separability score per row of a ``[n_tokens, vocab]`` tensor or array."""
     top, _ = _as_float_matrix(logits, k, clamp)
-    return _separability_of_sorted(top)
+    return sorted_separability(top)
 
 
 def aggregate(
@@ -263,7 +265,7 @@ def token_separability_from_logprobs(
     top_logprobs: Any, k: int = DEFAULT_K, *, clamp: bool = False
 ) -> np.ndarray:
     """Per-token separability from top-K log-probs (identical to the raw-logit score)."""
-    return _separability_of_sorted(_logprob_matrix(top_logprobs, k, clamp))
+    return sorted_separability(_logprob_matrix(top_logprobs, k, clamp))
 
 
 def answer_separability_from_logprobs(
@@ -466,7 +468,7 @@ class GateConfig:
             raise SeparabilityError("empty answer: no generated tokens to score")
         rows = [top_logprob_values(e) for e in content]
         top = _logprob_matrix(content, self.k, self.clamp, rows)
-        token_scores = _separability_of_sorted(top)
+        token_scores = sorted_separability(top)
         separability = aggregate(token_scores, self.aggregation, q=self.q)
         confidence = float(np.exp(np.mean([max(r) for r in rows])))
         score = (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 from langchain_core.messages import AIMessage
 
 from speceyes_graph.models import ScriptedChatModel, fake_logprobs
@@ -40,3 +41,22 @@ def deepeyes_agent(bbox=(10, 10, 60, 60), answer="B"):
         return f"<think>Too small; zoom.</think><tool_call>\n{call}\n</tool_call>"
 
     return ScriptedChatModel(respond=respond)
+
+
+# drafts with chosen separability (calibration, label-free tau, drift)
+COMPETITORS = np.sort(np.random.default_rng(0).normal(0, 1, 63))[::-1]
+
+
+def draft(separability):
+    """A one-token draft whose separability is exactly ``separability``."""
+    top1 = COMPETITORS.mean() + separability * (COMPETITORS.std() + 1e-6)
+    return {"text": "A", "top_logprobs": [[float(top1), *map(float, COMPETITORS)]]}
+
+
+def records_of(scores, key="draft"):
+    return [{"id": f"q{i}", key: draft(s)} for i, s in enumerate(scores)]
+
+
+def two_modes(rng, n, weights, means, sds):
+    upper = rng.random(n) < weights[1]
+    return np.where(upper, rng.normal(means[1], sds[1], n), rng.normal(means[0], sds[0], n))

@@ -25,6 +25,7 @@ from speceyes_graph.benchmarks import (
     run_benchmark,
 )
 from speceyes_graph.benchmarks.report import auroc, build_report, write_report
+from speceyes_graph.benchmarks.sweep import compare_gates, gates_table
 from speceyes_graph.benchmarks.synthetic import COLOURS, make_query
 from speceyes_graph.models import fake_logprobs
 
@@ -422,6 +423,26 @@ def test_report_arithmetic(tmp_path):
     assert sw["auroc"]["separability_min"] == pytest.approx(
         1.0
     )  # the right draft has the top score
+
+
+def test_compare_gates_arithmetic(tmp_path):
+    """Named taus side by side, by the sweep's cost model, plus the accepted drafts' accuracy."""
+    ours = [
+        rec("q1", "speculative", True, 0.3, sep=9.0, draft_correct=True),
+        rec("q2", "speculative", False, 0.3, sep=8.0, draft_correct=False),
+        rec("q3", "rejected-agentic", True, 2.3, sep=3.0, draft_correct=False),
+        rec("q4", "judged-agentic", True, 2.1),
+    ]
+    base = [rec(f"q{i}", "agent-only", True, 2.0, judge_s=0.0) for i in range(1, 5)]
+    rows = compare_gates(ours, base, {"published": 0.98, "strict": 0.995, "label-free": None})
+    published, strict, refused = rows
+    assert published["accepted"] == 0.5 and published["accepted_of_drafts"] == pytest.approx(2 / 3)
+    assert published["accepted_accuracy"] == 0.5 and published["accuracy"] == 0.75
+    assert published["speedup"] == pytest.approx(8.0 / ((0.3 * 2) + 2.3 + 2.1))
+    assert strict["accepted_accuracy"] == 1.0 and strict["accuracy"] == 1.0
+    assert refused["tau"] is None and refused["agent_accuracy"] == 1.0
+    table = gates_table(rows)
+    assert "| label-free | refused |" in table and "| published | 0.98 | 0.500 / 0.667 |" in table
 
 
 def test_auroc():

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..separability import DEFAULT_ALPHA, acceptance_score, aggregate
+from ..separability import DEFAULT_ALPHA, acceptance_score, aggregate, sorted_separability
 
 __all__ = ["auroc", "draft_score", "draft_token_scores"]
 
@@ -40,9 +40,7 @@ def draft_token_scores(draft: dict) -> np.ndarray | None:
     top = draft.get("top_logprobs") if draft else None
     if not top:
         return None
-    m = np.asarray(top, dtype=float)
-    comp = m[:, 1:]
-    return (m[:, 0] - comp.mean(axis=1)) / (comp.std(axis=1) + 1e-6)
+    return sorted_separability(np.asarray(top, dtype=float))
 
 
 def draft_score(draft: dict, aggregation: str, score: str = "separability") -> float | None:

@@ -19,11 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from ..calibration import gate_drift
 from . import plots
-from .draft_scores import auroc, draft_score, draft_token_scores
+from .draft_scores import auroc, draft_token_scores
 from .official import grade, official_reference, official_rule
 from .runner import read_records
 from .scoring import extract_choice, extract_yes_no, pope_metrics
+from .sweep import TAUS, sweep
 
 __all__ = [
     "DEFINITIONS",
@@ -149,27 +151,6 @@ def rescore(
     return out, dict(stats)
 
 
-TAUS = [
-    0.5,
-    0.6,
-    0.7,
-    0.8,
-    0.85,
-    0.9,
-    0.92,
-    0.94,
-    0.95,
-    0.96,
-    0.97,
-    0.98,
-    0.985,
-    0.99,
-    0.995,
-    0.999,
-]
-AGGREGATIONS = ("min", "mean", "bottom-q")
-
-
 def _percentile(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
@@ -290,61 +271,6 @@ def _wall(run_dir: Path) -> float | None:
     )
 
 
-def sweep(
-    records: list[dict], baseline: list[dict], taus: Sequence[float] = TAUS
-) -> dict[str, Any]:
-    """Offline gate sweep: accuracy and modelled speedup for every tau and aggregation."""
-    agent = {r["id"]: r for r in baseline}
-    rows = [r for r in records if r["id"] in agent]
-    if not rows:
-        return {}
-    base_latency = sum(agent[r["id"]]["latency_s"] for r in rows)
-    base_acc = sum(agent[r["id"]]["correct"] for r in rows) / len(rows)
-    out: dict[str, Any] = {"n": len(rows), "baseline_accuracy": base_acc, "curves": {}}
-    for score in ("separability", "softmax"):
-        for aggregation in AGGREGATIONS if score == "separability" else ("geo-mean",):
-            curve = []
-            for tau in taus:
-                correct = latency = accepted = 0.0
-                for r in rows:
-                    a = agent[r["id"]]
-                    t = r.get("timings") or {}
-                    cost = t.get("judge", 0.0)
-                    draft = r.get("draft")
-                    tool_free = r.get("route") in ("speculative", "rejected-agentic", "draft-only")
-                    s = (
-                        draft_score(draft, aggregation if score == "separability" else "min", score)
-                        if tool_free and draft
-                        else None
-                    )
-                    cost += t.get("speculate", 0.0) if tool_free else 0.0
-                    if s is not None and s > tau:
-                        accepted += 1
-                        correct += r["draft_correct"]
-                    else:
-                        correct += a["correct"]
-                        cost += a["latency_s"]
-                    latency += cost
-                curve.append(
-                    {
-                        "tau": tau,
-                        "accuracy": correct / len(rows),
-                        "speedup": base_latency / latency if latency else None,
-                        "accepted": accepted / len(rows),
-                    }
-                )
-            out["curves"][f"{score}:{aggregation}"] = curve
-    drafts = [r for r in rows if r.get("draft") and draft_token_scores(r["draft"]) is not None]
-    labels = [bool(r["draft_correct"]) for r in drafts]
-    out["auroc"] = {
-        "separability_min": auroc([draft_score(r["draft"], "min") for r in drafts], labels),
-        "softmax": auroc([draft_score(r["draft"], "min", "softmax") for r in drafts], labels),
-    }
-    out["n_drafts"] = len(drafts)
-    out["draft_accuracy"] = sum(labels) / len(labels) if labels else None
-    return out
-
-
 def _scored_run(run_dir: Path, scoring: str, judge: Any) -> tuple[dict, str, list, dict, dict]:
     """(settings, benchmark, rescored records, scoring stats, summary) of one run folder."""
     records = read_records(run_dir)
@@ -362,7 +288,10 @@ def build_report(
     *,
     scoring: str = "strict",
     judge: Any = None,
+    against: str | Path | None = None,
 ) -> dict[str, Any]:
+    """The report of one run; ``against``: a gate file whose calibration distribution the
+    run's drafts are tested against (drift)."""
     run_dir = Path(run_dir)
     settings, benchmark, records, stats, summary = _scored_run(run_dir, scoring, judge)
     summary.update(
@@ -402,6 +331,9 @@ def build_report(
         if curve and s["tau"] is not None:
             at = min(curve, key=lambda c: abs(c["tau"] - s["tau"]))
             s["speedup_modelled"] = at["speedup"]
+    if against is not None:
+        report["drift"] = gate_drift(records, against)
+        report.setdefault("warnings", []).extend(report["drift"]["warnings"])
     report["_records"] = records
     return report
 
@@ -473,6 +405,27 @@ def _fmt(v: Any, spec: str = ".3f") -> str:
     return str(v)
 
 
+def _drift_lines(drift: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        f"## Drift against `{drift['gate_file']}`",
+        "",
+        "| drafts | n (calibration) | Kolmogorov-Smirnov D | p | accepted (calibration) | p |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key in ("draft", "tool_draft"):
+        if key in drift:
+            d = drift[key]
+            lines.append(
+                f"| {key} | {d['n']} ({d['n_calibration']}) | {d['ks_statistic']:.3f} | "
+                f"{d['ks_pvalue']:.3g} | {d['accepted']:.3f} ({d['accepted_calibration']:.3f}) | "
+                f"{d['acceptance_pvalue']:.3g} |"
+            )
+    if not drift["warnings"]:
+        lines += ["", "No drift at level 0.01: the run's drafts look like the calibration ones."]
+    return lines
+
+
 def _markdown(report: dict[str, Any]) -> str:
     s = report["summary"]
     lines = [f"# {report.get('title') or 'SpecEyes report'}", "", f"Run: `{report['run']}`", ""]
@@ -520,6 +473,8 @@ def _markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {key} | {_fmt(value)} |")
     for warning in report.get("warnings", []):
         lines += ["", f"**Warning:** {warning}."]
+    if report.get("drift"):
+        lines += _drift_lines(report["drift"])
     lines += ["", "## What the numbers mean", ""]
     lines += [f"- **{k}**: {v}." for k, v in report["definitions"].items()]
     lines += [
@@ -573,12 +528,13 @@ def write_report(
     judge: Any = None,
     title: str | None = None,
     compare: Sequence[str | Path] = (),
+    against: str | Path | None = None,
 ) -> dict[str, Any]:
     """Write report.md, report.json and PNG plots; returns the report (without records).
 
     ``compare``: other runs of the same queries (e.g. ``--mode small``, ``--mode
     specreason``) for a table of methods beside this run and the baseline."""
-    report = build_report(run_dir, baseline_dir, scoring=scoring, judge=judge)
+    report = build_report(run_dir, baseline_dir, scoring=scoring, judge=judge, against=against)
     report["title"] = title
     if compare:
         report["methods"] = compare_methods(

@@ -1,0 +1,160 @@
+"""Gates re-run offline: what any tau would have done to a labelled run, from its records.
+
+A query's outcome is its draft's correctness if the draft would be accepted, else the
+agent's correctness from the baseline run; its modelled latency is its judge and draft time
+plus, if rejected, the agent's latency from the baseline run (the paper's per-query cost
+model, not a wall-clock measurement). ``sweep`` walks a grid of taus for the report's
+curves; ``compare_gates`` puts named thresholds side by side (the published 0.98, a
+labelled calibration, a label-free one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .draft_scores import auroc, draft_score, draft_token_scores
+
+__all__ = ["AGGREGATIONS", "TAUS", "compare_gates", "gate_outcome", "gates_table", "sweep"]
+
+TAUS = [
+    0.5,
+    0.6,
+    0.7,
+    0.8,
+    0.85,
+    0.9,
+    0.92,
+    0.94,
+    0.95,
+    0.96,
+    0.97,
+    0.98,
+    0.985,
+    0.99,
+    0.995,
+    0.999,
+]
+AGGREGATIONS = ("min", "mean", "bottom-q")
+TOOL_FREE_ROUTES = ("speculative", "rejected-agentic", "draft-only")
+
+
+def gate_outcome(
+    rows: Sequence[dict],
+    agent: Mapping[str, dict],
+    tau: float,
+    aggregation: str = "min",
+    score: str = "separability",
+) -> dict[str, Any]:
+    """Accuracy, modelled speedup and acceptance of ``rows`` gated at ``tau``."""
+    correct = latency = accepted = accepted_right = drafts = 0.0
+    base_latency = sum(agent[r["id"]]["latency_s"] for r in rows)
+    for r in rows:
+        a = agent[r["id"]]
+        t = r.get("timings") or {}
+        cost = t.get("judge", 0.0)
+        draft = r.get("draft")
+        tool_free = r.get("route") in TOOL_FREE_ROUTES
+        s = (
+            draft_score(draft, aggregation if score == "separability" else "min", score)
+            if tool_free and draft
+            else None
+        )
+        cost += t.get("speculate", 0.0) if tool_free else 0.0
+        drafts += s is not None
+        if s is not None and s > tau:
+            accepted += 1
+            accepted_right += r["draft_correct"]
+            correct += r["draft_correct"]
+        else:
+            correct += a["correct"]
+            cost += a["latency_s"]
+        latency += cost
+    n = len(rows)
+    return {
+        "tau": tau,
+        "accuracy": correct / n if n else None,
+        "speedup": base_latency / latency if latency else None,
+        "accepted": accepted / n if n else None,
+        "accepted_of_drafts": accepted / drafts if drafts else None,
+        "accepted_accuracy": accepted_right / accepted if accepted else None,
+    }
+
+
+def _paired(records: list[dict], baseline: list[dict]) -> tuple[list[dict], dict[str, dict]]:
+    agent = {r["id"]: r for r in baseline}
+    return [r for r in records if r["id"] in agent], agent
+
+
+def sweep(
+    records: list[dict], baseline: list[dict], taus: Sequence[float] = TAUS
+) -> dict[str, Any]:
+    """Offline gate sweep: accuracy and modelled speedup for every tau and aggregation."""
+    rows, agent = _paired(records, baseline)
+    if not rows:
+        return {}
+    base_acc = sum(agent[r["id"]]["correct"] for r in rows) / len(rows)
+    out: dict[str, Any] = {"n": len(rows), "baseline_accuracy": base_acc, "curves": {}}
+    for score in ("separability", "softmax"):
+        for aggregation in AGGREGATIONS if score == "separability" else ("geo-mean",):
+            out["curves"][f"{score}:{aggregation}"] = [
+                {
+                    k: v
+                    for k, v in gate_outcome(rows, agent, tau, aggregation, score).items()
+                    if k in ("tau", "accuracy", "speedup", "accepted")
+                }
+                for tau in taus
+            ]
+    drafts = [r for r in rows if r.get("draft") and draft_token_scores(r["draft"]) is not None]
+    labels = [bool(r["draft_correct"]) for r in drafts]
+    out["auroc"] = {
+        "separability_min": auroc([draft_score(r["draft"], "min") for r in drafts], labels),
+        "softmax": auroc([draft_score(r["draft"], "min", "softmax") for r in drafts], labels),
+    }
+    out["n_drafts"] = len(drafts)
+    out["draft_accuracy"] = sum(labels) / len(labels) if labels else None
+    return out
+
+
+def compare_gates(
+    records: list[dict],
+    baseline: list[dict],
+    taus: Mapping[str, float | None],
+    aggregation: str = "min",
+) -> list[dict[str, Any]]:
+    """One row per named tau (None: that calibration refused or failed), against labels."""
+    rows, agent = _paired(records, baseline)
+    if not rows:
+        raise ValueError("no query of the run is in the baseline")
+    agent_accuracy = sum(agent[r["id"]]["correct"] for r in rows) / len(rows)
+    out = []
+    for name, tau in taus.items():
+        row: dict[str, Any] = {"gate": name, "tau": tau, "agent_accuracy": agent_accuracy}
+        if tau is not None:
+            row.update(gate_outcome(rows, agent, tau, aggregation))
+        out.append(row)
+    return out
+
+
+def _cell(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def gates_table(rows: Sequence[dict[str, Any]]) -> str:
+    """``compare_gates`` as a Markdown table."""
+    lines = [
+        "| gate | tau | accepted (of queries / of drafts) | accuracy of accepted drafts "
+        "| accuracy (agent only) | modelled speedup |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["tau"] is None:
+            lines.append(f"| {r['gate']} | refused | - | - | - ({r['agent_accuracy']:.3f}) | - |")
+            continue
+        lines.append(
+            f"| {r['gate']} | {r['tau']:.6g} | {_cell(r['accepted'], '.3f')} / "
+            f"{_cell(r['accepted_of_drafts'], '.3f')} | {_cell(r['accepted_accuracy'], '.3f')} | "
+            f"{_cell(r['accuracy'], '.3f')} ({r['agent_accuracy']:.3f}) | "
+            f"{_cell(r['speedup'], '.2f')}x |"
+        )
+    return "\n".join(lines) + "\n"
