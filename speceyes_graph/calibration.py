@@ -59,7 +59,6 @@ __all__ = [
     "draft_token_depth",
     "gate_drift",
     "raw_draft_score",
-    "separability_threshold",
 ]
 
 AGGREGATIONS = ("min", "mean", "bottom-q")
@@ -197,18 +196,7 @@ def _evaluate(scores, losses, tau, records, agent, key="draft"):
 
 def _distribution(records, aggregation, k, tau, key="draft") -> dict[str, Any]:
     raw = [raw_draft_score(r, aggregation, k, key) for r in records]
-    return ScoreDistribution.from_scores(
-        [s for s in raw if s is not None], separability_threshold(tau)
-    ).to_dict()
-
-
-def separability_threshold(tau: float, alpha: float = DEFAULT_ALPHA) -> float:
-    """tau on the separability scale: sigmoid(alpha * S) > tau exactly when S > this."""
-    if tau >= 1:
-        return math.inf
-    if tau <= 0:
-        return -math.inf
-    return math.log(tau / (1 - tau)) / alpha
+    return ScoreDistribution.from_scores([s for s in raw if s is not None], tau).to_dict()
 
 
 def calibrate(
@@ -292,7 +280,7 @@ def gate_drift(
     ``{"draft": DriftCheck dict, "tool_draft": ..., "warnings": [...]}``."""
     data = json.loads(Path(gate_file).read_text())
     gate = data.get("gate", data)
-    out: dict[str, Any] = {"gate_file": str(gate_file), "warnings": []}
+    out: dict[str, Any] = {"gate_file": str(gate_file), "level": level, "warnings": []}
     stages = (
         ("draft", "distribution", gate.get("tau")),
         ("tool_draft", "depth_distribution", gate.get("tau_depth")),
@@ -313,7 +301,8 @@ def gate_drift(
         check = check_drift(
             raw,
             ScoreDistribution.from_dict(gate[field_name]),
-            separability_threshold(tau, gate.get("alpha", DEFAULT_ALPHA)),
+            tau,
+            alpha=gate.get("alpha", DEFAULT_ALPHA),
             level=level,
             what=what,
         )

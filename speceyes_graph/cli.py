@@ -379,6 +379,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         judge=judge,
         compare=args.compare,
         against=args.against,
+        drift_level=args.drift_level,
     )
     out = Path(args.out or args.dir)
     print((out / "report.md").read_text())
@@ -721,6 +722,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="GATEFILE",
         help="a gate file from `speceyes calibrate`: test whether this run's drafts still look "
         "like the calibration ones (Kolmogorov-Smirnov, acceptance) and warn when they moved",
+    )
+    p.add_argument(
+        "--drift-level",
+        type=float,
+        default=0.01,
+        help="--against: warn below this p-value (default 0.01: one false alarm in a hundred "
+        "checks of unchanged traffic; lower it for checks that run often)",
     )
     p.set_defaults(func=cmd_report)
     return parser

@@ -28,7 +28,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DriftCheck", "ScoreDistribution", "check_drift", "ks_two_sample", "two_proportion_test"]
+from .separability import DEFAULT_ALPHA, acceptance_score
+
+__all__ = [
+    "DriftCheck",
+    "ScoreDistribution",
+    "accepted_share",
+    "check_drift",
+    "ks_two_sample",
+    "two_proportion_test",
+]
 
 MAX_POINTS = 1000  # order statistics kept in a gate file: CDF resolution 0.1%
 
@@ -46,7 +55,9 @@ class ScoreDistribution:
     std: float
 
     @classmethod
-    def from_scores(cls, scores: Sequence[float], tau_separability: float) -> ScoreDistribution:
+    def from_scores(
+        cls, scores: Sequence[float], tau: float, alpha: float = DEFAULT_ALPHA
+    ) -> ScoreDistribution:
         x = np.sort(np.asarray([s for s in scores if math.isfinite(s)], dtype=float))
         if len(x) > MAX_POINTS:
             x_kept = np.quantile(x, np.linspace(0, 1, MAX_POINTS))
@@ -55,7 +66,7 @@ class ScoreDistribution:
         return cls(
             n=len(x),
             points=tuple(round(float(v), 6) for v in x_kept),
-            accepted=float((x > tau_separability).mean()) if len(x) else 0.0,
+            accepted=accepted_share(x, tau, alpha),
             mean=float(x.mean()) if len(x) else math.nan,
             std=float(x.std()) if len(x) else math.nan,
         )
@@ -76,6 +87,13 @@ class ScoreDistribution:
             int(data["n"]), tuple(data["points"]), float(data["accepted"]),
             float(data["mean"]), float(data["std"]),
         )  # fmt: skip
+
+
+def accepted_share(scores: Sequence[float], tau: float, alpha: float = DEFAULT_ALPHA) -> float:
+    """Share of separability scores the gate accepts: exactly its test, sigmoid(alpha S) > tau."""
+    return (
+        float(np.mean([acceptance_score(s, alpha) > tau for s in scores])) if len(scores) else 0.0
+    )
 
 
 def _kolmogorov_sf(lam: float) -> float:
@@ -138,17 +156,19 @@ class DriftCheck:
 def check_drift(
     scores: Sequence[float],
     reference: ScoreDistribution,
-    tau_separability: float,
+    tau: float,
     *,
+    alpha: float = DEFAULT_ALPHA,
     level: float = 0.01,
     what: str = "drafts",
 ) -> DriftCheck:
-    """Compare a run's scores (separability scale) with the gate's calibration summary."""
+    """Compare a run's scores (separability scale) with the gate's calibration summary;
+    ``tau`` on the acceptance scale, as in the gate file."""
     x = np.asarray([s for s in scores if s is not None and math.isfinite(s)], dtype=float)
     if len(x) == 0 or reference.n == 0:
         raise ValueError(f"no {what} with log-probs to compare")
     d, p = ks_two_sample(x, reference.points, n_b=reference.n)
-    accepted = float((x > tau_separability).mean())
+    accepted = accepted_share(x, tau, alpha)
     p_acc = two_proportion_test(
         accepted * len(x), len(x), reference.accepted * reference.n, reference.n
     )

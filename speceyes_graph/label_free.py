@@ -83,13 +83,9 @@ class Mixture:
     log_likelihood: float
     n: int
 
-    def _log_joint(self, x: np.ndarray) -> np.ndarray:
-        w, m, s = (np.asarray(v)[:, None] for v in (self.weights, self.means, self.sds))
-        return np.log(w) - np.log(s) - 0.5 * math.log(2 * math.pi) - 0.5 * ((x - m) / s) ** 2
-
     def posterior_upper(self, x: Sequence[float] | np.ndarray) -> np.ndarray:
         """P(upper component | S) for each score."""
-        lj = self._log_joint(np.asarray(x, dtype=float).reshape(1, -1))
+        lj = _log_joint(np.asarray(x, dtype=float).reshape(-1), self.weights, self.means, self.sds)
         return 1.0 / (1.0 + np.exp(np.clip(lj[0] - lj[1], -700, 700)))
 
     def crossing(self, posterior: float = 0.5) -> float | None:
@@ -102,6 +98,12 @@ class Mixture:
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
         return (lo + hi) / 2
+
+
+def _log_joint(x: np.ndarray, w, m, s) -> np.ndarray:
+    """log(w_k N(x; m_k, s_k)) without the 2 pi term, shape (2, len(x))."""
+    w, m, s = (np.asarray(v, dtype=float)[:, None] for v in (w, m, s))
+    return np.log(w) - np.log(s) - 0.5 * ((x - m) / s) ** 2
 
 
 def _normal_log_likelihood(x: np.ndarray) -> float:
@@ -128,16 +130,11 @@ def fit_mixture(scores: Sequence[float] | np.ndarray, max_iter: int = 500) -> Mi
         m = np.array([p.mean() for p in parts])
         s = np.array([max(float(p.std()), floor) for p in parts])
         previous = -math.inf
-        for _ in range(max_iter):
-            lj = (
-                np.log(w)[:, None] - np.log(s)[:, None] - 0.5 * ((x - m[:, None]) / s[:, None]) ** 2
-            )
-            top = lj.max(axis=0)
-            ll = float(np.sum(top + np.log(np.exp(lj - top).sum(axis=0)))) - len(
-                x
-            ) * 0.5 * math.log(2 * math.pi)
-            r = np.exp(lj - top)
-            r /= r.sum(axis=0)
+        for _ in range(max_iter):  # E-step: responsibilities; M-step: weighted moments
+            lj = _log_joint(x, w, m, s)
+            per_score = np.logaddexp(lj[0], lj[1])
+            ll = float(per_score.sum()) - 0.5 * len(x) * math.log(2 * math.pi)
+            r = np.exp(lj - per_score)
             nk = r.sum(axis=1) + 1e-12
             w = np.clip(nk / len(x), 1e-6, 1.0)
             m = (r @ x) / nk
@@ -247,8 +244,9 @@ def _stage(records, key, aggregation, k, posterior, target_acceptance, alpha):
     tau_raw, mixture, check = label_free_tau(
         raw, posterior=posterior, target_acceptance=target_acceptance
     )
+    tau = acceptance_score(tau_raw, alpha)
     x = np.asarray(raw)
-    accepted = x > tau_raw
+    accepted = np.asarray([acceptance_score(s, alpha) > tau for s in x])  # the gate's own test
     summary = {
         "n_drafts": len(x),
         "accepted_of_drafts": float(accepted.mean()),
@@ -259,8 +257,7 @@ def _stage(records, key, aggregation, k, posterior, target_acceptance, alpha):
         ),
     }
     fit = {**asdict(mixture), **asdict(check), "bimodal": check.bimodal}
-    tau = acceptance_score(tau_raw, alpha)
-    return tau, summary, fit, ScoreDistribution.from_scores(raw, tau_raw)
+    return tau, summary, fit, ScoreDistribution.from_scores(raw, tau, alpha)
 
 
 def calibrate_unlabelled(

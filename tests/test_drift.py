@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from helpers import draft, records_of, two_modes
-from speceyes_graph.calibration import calibrate, gate_drift
+from speceyes_graph.calibration import calibrate, draft_scores, gate_drift
 from speceyes_graph.drift import (
     MAX_POINTS,
     ScoreDistribution,
@@ -20,6 +20,7 @@ from speceyes_graph.drift import (
     two_proportion_test,
 )
 from speceyes_graph.label_free import calibrate_unlabelled
+from speceyes_graph.separability import acceptance_score
 
 
 @pytest.mark.parametrize(
@@ -43,7 +44,7 @@ def test_two_proportion_test():
 def test_summary_stands_in_for_the_sample():
     rng = np.random.default_rng(1)
     big, run = rng.normal(0, 1, 20_000), rng.normal(0.05, 1, 400)
-    summary = ScoreDistribution.from_scores(big, 1.0)
+    summary = ScoreDistribution.from_scores(big, acceptance_score(1.0))
     assert summary.n == 20_000 and len(summary.points) == MAX_POINTS
     assert summary.accepted == pytest.approx((big > 1.0).mean())
     d_full, p_full = ks_two_sample(run, big)
@@ -58,13 +59,14 @@ def test_summary_stands_in_for_the_sample():
 def test_check_drift_warns_only_when_something_moved():
     rng = np.random.default_rng(2)
     calibration = two_modes(rng, 400, (0.3, 0.7), (2, 9), (1, 1))
-    reference = ScoreDistribution.from_scores(calibration, 5.5)
-    same = check_drift(two_modes(rng, 300, (0.3, 0.7), (2, 9), (1, 1)), reference, 5.5)
+    tau = acceptance_score(5.5)
+    reference = ScoreDistribution.from_scores(calibration, tau)
+    same = check_drift(two_modes(rng, 300, (0.3, 0.7), (2, 9), (1, 1)), reference, tau)
     assert same.warnings == () and same.ks_pvalue > 0.01
-    more_wrong = check_drift(two_modes(rng, 300, (0.6, 0.4), (2, 9), (1, 1)), reference, 5.5)
+    more_wrong = check_drift(two_modes(rng, 300, (0.6, 0.4), (2, 9), (1, 1)), reference, tau)
     assert len(more_wrong.warnings) == 2 and "acceptance of drafts moved" in more_wrong.warnings[1]
     # the upper mode slides but stays above tau: the distribution moved, acceptance did not
-    slid = check_drift(two_modes(rng, 300, (0.3, 0.7), (2, 10.5), (1, 1)), reference, 5.5)
+    slid = check_drift(two_modes(rng, 300, (0.3, 0.7), (2, 10.5), (1, 1)), reference, tau)
     assert len(slid.warnings) == 1 and "Kolmogorov-Smirnov" in slid.warnings[0]
 
 
@@ -114,6 +116,9 @@ def test_labelled_gate_files_record_the_distribution_too(tmp_path):
         r["draft_correct"] = draft_score_is_high(r)
     result = calibrate(records, max_drop=0.05, delta=0.1)
     assert result.distribution["n"] == 300 and 0 < result.distribution["accepted"] < 1
+    # tau is one draft's own score: the summary counts it as the gate does (rejected)
+    gate_accepts = np.mean([draft_scores(r, "min") > result.tau for r in records])
+    assert result.distribution["accepted"] == gate_accepts
     path = tmp_path / "gate.json"
     result.save(path)
     assert gate_drift(records, path)["warnings"] == []

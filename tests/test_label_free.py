@@ -12,7 +12,7 @@ import pytest
 
 from helpers import draft, records_of, two_modes
 from speceyes_graph import GateConfig
-from speceyes_graph.calibration import draft_scores, separability_threshold
+from speceyes_graph.calibration import draft_scores
 from speceyes_graph.label_free import (
     UNSURE_BELOW,
     Mixture,
@@ -111,7 +111,9 @@ def test_gate_file_is_the_labelled_one(tmp_path):
     result.save(path)
     gate = GateConfig.load(path)
     tau_s = result.calibration["tau_separability"]
-    assert gate.tau == result.tau and separability_threshold(gate.tau) == pytest.approx(tau_s)
+    assert gate.tau == result.tau and math.log(gate.tau / (1 - gate.tau)) / 0.6 == pytest.approx(
+        tau_s
+    )
     accepted = [draft_scores(r, "min") > gate.tau for r in records]
     assert np.mean(accepted) == pytest.approx(result.calibration["accepted_of_drafts"])
     saved = json.loads(path.read_text())["gate"]

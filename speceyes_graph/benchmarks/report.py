@@ -289,9 +289,10 @@ def build_report(
     scoring: str = "strict",
     judge: Any = None,
     against: str | Path | None = None,
+    drift_level: float = 0.01,
 ) -> dict[str, Any]:
     """The report of one run; ``against``: a gate file whose calibration distribution the
-    run's drafts are tested against (drift)."""
+    run's drafts are tested against (drift, warnings below ``drift_level``)."""
     run_dir = Path(run_dir)
     settings, benchmark, records, stats, summary = _scored_run(run_dir, scoring, judge)
     summary.update(
@@ -332,7 +333,7 @@ def build_report(
             at = min(curve, key=lambda c: abs(c["tau"] - s["tau"]))
             s["speedup_modelled"] = at["speedup"]
     if against is not None:
-        report["drift"] = gate_drift(records, against)
+        report["drift"] = gate_drift(records, against, drift_level)
         report.setdefault("warnings", []).extend(report["drift"]["warnings"])
     report["_records"] = records
     return report
@@ -422,7 +423,10 @@ def _drift_lines(drift: dict[str, Any]) -> list[str]:
                 f"{d['acceptance_pvalue']:.3g} |"
             )
     if not drift["warnings"]:
-        lines += ["", "No drift at level 0.01: the run's drafts look like the calibration ones."]
+        lines += [
+            "",
+            f"No drift at level {drift['level']:g}: the run's drafts look like the calibration ones.",
+        ]
     return lines
 
 
@@ -529,12 +533,20 @@ def write_report(
     title: str | None = None,
     compare: Sequence[str | Path] = (),
     against: str | Path | None = None,
+    drift_level: float = 0.01,
 ) -> dict[str, Any]:
     """Write report.md, report.json and PNG plots; returns the report (without records).
 
     ``compare``: other runs of the same queries (e.g. ``--mode small``, ``--mode
     specreason``) for a table of methods beside this run and the baseline."""
-    report = build_report(run_dir, baseline_dir, scoring=scoring, judge=judge, against=against)
+    report = build_report(
+        run_dir,
+        baseline_dir,
+        scoring=scoring,
+        judge=judge,
+        against=against,
+        drift_level=drift_level,
+    )
     report["title"] = title
     if compare:
         report["methods"] = compare_methods(
