@@ -14,6 +14,9 @@ and prints what each does on the evaluation set: acceptance, accuracy of the acc
 drafts, end-to-end accuracy against agent only, modelled speedup.
 
     .venv/bin/python scripts/compare_gates.py [OUT_DIR] [--settings demo,synthetic,tiny]
+
+The tiny checkpoints are random (``speceyes make-tiny-models``) and slow to decode their
+long babble on a CPU, hence fewer queries (``--n-tiny``).
 """
 
 from __future__ import annotations
@@ -90,12 +93,13 @@ def main() -> None:
     parser.add_argument("--settings", default="demo,synthetic,tiny")
     parser.add_argument("--n", type=int, default=300, help="queries per set (demo)")
     parser.add_argument("--n-bench", type=int, default=100, help="queries per set (suite)")
+    parser.add_argument("--n-tiny", type=int, default=40, help="queries per set (tiny models)")
     args = parser.parse_args()
     root = Path(args.out)
     runners = {
         "demo": lambda p: run_demo(p, args.n),
         "synthetic": lambda p: run_bench(p, args.n_bench, "demo"),
-        "tiny": lambda p: run_bench(p, args.n_bench, f"tiny:{root / 'tiny-models'}"),
+        "tiny": lambda p: run_bench(p, args.n_tiny, f"tiny:{root / 'tiny-models'}"),
     }
     tables = []
     for setting in args.settings.split(","):

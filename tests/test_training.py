@@ -86,6 +86,36 @@ def test_tiny_targets_are_small_in_the_models_views():
             assert marked > 200 and in_crop > 1000
 
 
+def test_micro_targets():
+    """A micro scene is a tiny scene whose target is 5-8 px: after the one zoom a dot of a
+    few pixels in the large model's view (2-3 px across), fewer than a tiny target's."""
+    from speceyes_graph.demo.world import MICRO_SIDE, zoomed_crop
+
+    rng = np.random.default_rng(6)
+    for _ in range(10):
+        s = make_scene(rng, tiny=False, micro=True)
+        x1, y1, x2, y2 = s.box
+        assert s.tiny and s.micro and MICRO_SIDE[0] <= x2 - x1 <= MICRO_SIDE[1]
+        assert tuple(s.image[(y1 + y2) // 2, (x1 + x2) // 2]) == COLOURS[s.colour]
+        crop = view(zoomed_crop(s)[0], LARGE_SPEC).astype(int)
+        bg = np.median(crop.reshape(-1, 3), axis=0)
+        assert 1 <= (np.abs(crop - bg).sum(-1) > 60).sum() <= 16  # a tiny one: up to 40
+
+
+def test_micro_queries_replace_tiny_ones_and_nothing_else(tmp_path):
+    from speceyes_graph.demo import demo_queries
+
+    plain = demo_queries(tmp_path / "a", 60, micro_share=0.0)
+    mixed = demo_queries(tmp_path / "b", 60, micro_share=0.25)
+    micro = [q for q in mixed if q.meta["micro"]]
+    assert len(micro) == 5 and all(q.split == "micro" and q.meta["needs_zoom"] for q in micro)
+    for a, b in zip(plain, mixed, strict=True):
+        if not b.meta["micro"]:
+            assert (a.question, a.expected, a.meta) == (b.question, b.expected, b.meta)
+            assert Image.open(a.image).tobytes() == Image.open(b.image).tobytes()
+    assert not any(q.meta["micro"] for q in plain)
+
+
 def test_coordinates_are_single_tokens(processors):
     tok = processors["large"].tokenizer
     for r in range(3):
@@ -259,3 +289,5 @@ def test_shipped_large_checkpoint_evaluates_on_held_out_scenes():
     metrics = evaluate("large", model.hf_model, model.processor, held_out_scenes(16))
     assert metrics["judge_tiny"] >= 0.75 and metrics["judge_large"] >= 0.75
     assert metrics["zoom_tiny"] >= 0.75 and metrics["after_zoom_tiny"] >= 0.6
+    micro = evaluate("large", model.hf_model, model.processor, held_out_scenes(0, micro=16))
+    assert micro["zoom_micro"] >= 0.75 and micro["after_zoom_micro"] >= 0.5  # chance: 0.25

@@ -202,9 +202,11 @@ def batches(
     weights: dict[str, float],
     batch_size: int,
     tiny_share: float = 0.5,
+    micro_share: float = 0.0,
 ) -> Iterator[tuple[str, dict]]:
     """Endless (task, collated batch) pairs: one task per batch, fresh scenes, ``tiny_share``
-    of them tiny (half by default; the exact half-split draw when it is 0.5)."""
+    of them tiny (half by default; the exact half-split draw when it is 0.5), ``micro_share``
+    of the tiny ones micro (none by default, and then no draw: older runs stay reproducible)."""
     tasks, p = list(weights), np.array(list(weights.values()))
     pad = processor.tokenizer.pad_token_id
     while True:
@@ -217,7 +219,9 @@ def batches(
                 tiny = bool(rng.integers(0, 2))
             else:
                 tiny = bool(rng.random() < tiny_share)
-            samples.append(encode(processor, *conversations(make_scene(rng, tiny))[task]))
+            micro = tiny and micro_share > 0 and bool(rng.random() < micro_share)
+            scene = make_scene(rng, tiny, micro=micro)
+            samples.append(encode(processor, *conversations(scene)[task]))
         yield task, collate(samples, pad)
 
 
@@ -232,10 +236,13 @@ EVAL_TASKS = {
 ZOOM_FRAMES = {"zoom": LARGE_FRAME, "small_zoom": SMALL_FRAME}
 
 
-def held_out_scenes(n: int = 64, seed: int = 10_000) -> list[Scene]:
-    """Half tiny, half large, from a seed range training never uses."""
+def held_out_scenes(n: int = 64, seed: int = 10_000, micro: int = 0) -> list[Scene]:
+    """Half tiny, half large, from a seed range training never uses; ``micro`` micro scenes
+    after them (from a generator of their own, so the first ``n`` do not change)."""
     rng = np.random.default_rng(seed)
-    return [make_scene(rng, tiny=i % 2 == 1) for i in range(n)]
+    scenes = [make_scene(rng, tiny=i % 2 == 1) for i in range(n)]
+    rng = np.random.default_rng(seed + 1)
+    return scenes + [make_scene(rng, tiny=True, micro=True) for _ in range(micro)]
 
 
 def evaluate(kind: str, model: Any, processor: Any, scenes: list[Scene]) -> dict[str, float]:
@@ -267,7 +274,7 @@ def evaluate(kind: str, model: Any, processor: Any, scenes: list[Scene]) -> dict
                 out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True
             )
             for scene, text in zip(chunk, texts, strict=True):
-                size = "tiny" if scene.tiny else "large"
+                size = "micro" if scene.micro else "tiny" if scene.tiny else "large"
                 if task == "draft":
                     ok = text.strip() == scene.colour
                 elif task == "judge":
@@ -294,6 +301,8 @@ def _selection_score(kind: str, metrics: dict[str, float]) -> float:
         ]
         return float(np.mean([metrics["draft_large"], *loop]))
     e2e = metrics["zoom_tiny"] * metrics["after_zoom_tiny"]
+    if "after_zoom_micro" in metrics:  # trained on micro targets: they count as much
+        e2e = (e2e + metrics["zoom_micro"] * metrics["after_zoom_micro"]) / 2
     rest = [metrics[k] for k in ("judge_tiny", "judge_large", "zoom_large", "after_zoom_large")]
     return e2e + float(np.mean(rest))
 
@@ -320,6 +329,7 @@ def train_demo(
     task_weights: dict[str, float] | None = None,
     log: Callable[[str], None] | None = None,
     tiny_share: float = 0.5,
+    micro_share: float = 0.0,
 ) -> Path:
     """Train one demo checkpoint for a wall-clock budget (or ``max_steps``); keep the best.
 
@@ -358,13 +368,13 @@ def train_demo(
     )
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     rng = np.random.default_rng(seed)
-    main = batches(processor, rng, weights, batch_size, tiny_share)
+    main = batches(processor, rng, weights, batch_size, tiny_share, micro_share)
     first = (
         batches(processor, rng, COLOUR_STAGE[kind], batch_size)
         if colour_steps and COLOUR_STAGE[kind]
         else None
     )
-    scenes = held_out_scenes()
+    scenes = held_out_scenes(micro=32 if micro_share else 0)
     budget = minutes * 60
     bar = progress_bar(
         total=max_steps or round(budget),
@@ -431,6 +441,7 @@ def train_demo(
         "colour_steps": colour_steps,
         "task_weights": weights,
         "tiny_share": tiny_share,
+        "micro_share": micro_share,
         "init_from": str(init_from) if init_from else None,
         "previous_stage": _history(init_from) if init_from else None,
         "best_score": best,

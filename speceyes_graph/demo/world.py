@@ -99,6 +99,7 @@ REGION_TOKENS = tuple(f" {name}" for row in REGIONS for name in row if "-" in na
 DEMO_TOKENS = COORDINATE_TOKENS + REGION_TOKENS
 TINY_SIDE = (12, 16)
 LARGE_SIDE = (150, 280)
+MICRO_SIDE = (5, 8)  # micro targets: below what one zoom makes legible to the small model
 MARGIN = 20  # keeps the object inside its region's crop whatever the rounding
 
 # The judge and speculator prompts are the published ones; the agent's system prompt is a
@@ -167,6 +168,7 @@ class Scene:
     box: tuple[int, int, int, int]  # the object, original pixels
     region: tuple[int, int]  # (row, col) in the 3x3 grid
     options: list[str]
+    micro: bool = False  # a tiny scene whose target is MICRO_SIDE: one zoom leaves a 2-3 px dot
 
     @property
     def region_name(self) -> str:
@@ -182,7 +184,10 @@ def question_for(region: tuple[int, int]) -> str:
 
 
 def make_scene(
-    rng: np.random.Generator, tiny: bool, target_side: tuple[int, int] | None = None
+    rng: np.random.Generator,
+    tiny: bool,
+    target_side: tuple[int, int] | None = None,
+    micro: bool = False,
 ) -> Scene:
     """One scene; deterministic in the generator's state.
 
@@ -193,7 +198,11 @@ def make_scene(
 
     ``target_side`` overrides the target's side range (TINY_SIDE / LARGE_SIDE by kind): the
     measurements try harder variants of a tiny scene with it (a 5-8 px target).
+    ``micro``: a tiny scene with a :data:`MICRO_SIDE` target, the demo's hardest query: after
+    the one zoom it is a 2-3 px dot that only the large model is trained to read.
     """
+    if micro:
+        tiny, target_side = True, MICRO_SIDE
     palette = list(COLOURS)
     colour = palette[int(rng.integers(0, len(palette)))]
     regions = [(r, c) for r in range(3) for c in range(3)]
@@ -210,7 +219,7 @@ def make_scene(
     for where, c in zip(others, distractors, strict=True):
         _place(rng, draw, where, TINY_SIDE, c)
     options = [str(c) for c in rng.permutation(palette)]
-    return Scene(np.asarray(img), colour, tiny, box, region, options)
+    return Scene(np.asarray(img), colour, tiny, box, region, options, micro)
 
 
 def _place(
