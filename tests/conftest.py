@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Under pytest-xdist each worker (and the servers and scripts it starts) computes on one
+    # thread: two workers with a thread per core each, on two cores, made OpenMP's waiting
+    # threads take turns with the other worker's and slowed some tests tenfold.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -128,6 +139,7 @@ def serve(engine, servers):
         start_servers(servers)
     except EngineNotInstalled as exc:
         pytest.fail(f"{exc} (or deselect these tests: -m 'not {engine}')")
+    _RUNNING[f"{engine}_servers"] = servers  # stopped after their last test
     yield {s.name: s for s in servers}
     for s in servers:
         s.stop()
@@ -167,3 +179,51 @@ def postgres_dsn(postgres, request):
 
 
 _DATABASES: list[str] = []
+
+
+# --- the engine tests: one engine's servers at a time, on one worker --------------------------
+#
+# A pair of engine servers holds about 5 GB and keeps a core busy while it starts, so the tests
+# that use them run last, grouped by engine: first those on the session's vLLM servers, then the
+# one that starts its own, then SGLang's; each pair is stopped after the last test that uses it
+# instead of at the end of the session. Under pytest-xdist (``-n 2 --dist loadgroup``, as the
+# README runs the suite) they all go to one worker, so each server starts once per session and
+# the transformers runs they are compared with are computed once (``engine_parity``).
+
+ENGINE_FIXTURES = ("vllm_servers", "sglang_servers")
+_RUNNING: dict[str, list] = {}  # engine fixture -> its running servers
+_LAST_USER: dict[str, str] = {}  # engine fixture -> node id of the last test that uses it
+
+
+def _engine_block(item) -> int:
+    """0: no engine; 1: the session's vLLM servers; 2: vLLM servers of its own; 3: SGLang."""
+    names = set(getattr(item, "fixturenames", ()))
+    if "vllm_servers" in names:
+        return 1
+    if "sglang_servers" in names:
+        return 3
+    return 2 if item.get_closest_marker("vllm") or item.get_closest_marker("sglang") else 0
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names the group in the node ids
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_engine_block)  # stable: each block keeps the files' order
+    for item in items:
+        if _engine_block(item):
+            item.add_marker(pytest.mark.xdist_group("engines"))
+
+
+def pytest_collection_finish(session):
+    _LAST_USER.clear()
+    for item in session.items:  # what runs, after -k / -m
+        for name in ENGINE_FIXTURES:
+            if name in getattr(item, "fixturenames", ()):
+                _LAST_USER[name] = item.nodeid
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    for name, nodeid in _LAST_USER.items():
+        if item.nodeid == nodeid:
+            for server in _RUNNING.pop(name, []):
+                server.stop()

@@ -27,16 +27,28 @@ def test_example_prints_every_route(tmp_path):
     assert "SCRIPTED" in r.stdout
 
 
-def test_graph_drawing(tmp_path):
-    r = run("graph", "--format", "mermaid")
-    assert r.returncode == 0 and "subgraph agent_loop" in r.stdout and "judge" in r.stdout
-    r = run("graph", "--format", "ascii")
-    assert r.returncode == 0 and "speculate" in r.stdout and "tools" in r.stdout
-    out = tmp_path / "g.png"
-    r = run("graph", "--format", "png", "-o", str(out))
-    assert r.returncode == 0 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    r = run("graph", "--format", "mermaid", "--mode", "agent")
-    assert "speculate" not in r.stdout and "agent_loop" in r.stdout
+def run_here(capsys, *args):
+    """(exit code, stdout) of the CLI run in this process: the same ``main`` as the
+    ``speceyes`` entry point, without a Python start per call."""
+    from speceyes_graph.cli import main
+
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # argparse's --help and errors
+        code = exc.code
+    return code, capsys.readouterr().out
+
+
+def test_graph_drawing(tmp_path, capsys):
+    code, out = run_here(capsys, "graph", "--format", "mermaid")
+    assert code == 0 and "subgraph agent_loop" in out and "judge" in out
+    code, out = run_here(capsys, "graph", "--format", "ascii")
+    assert code == 0 and "speculate" in out and "tools" in out
+    png = tmp_path / "g.png"
+    r = run("graph", "--format", "png", "-o", str(png))  # one as users start it
+    assert r.returncode == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code, out = run_here(capsys, "graph", "--format", "mermaid", "--mode", "agent")
+    assert "speculate" not in out and "agent_loop" in out
 
 
 def test_workflow_edges_are_labelled():
@@ -94,7 +106,7 @@ def test_train_demo_smoke(tmp_path):
     ) == [0.9, 0.9, 0.9]
 
 
-def test_help_reads_as_help():
+def test_help_reads_as_help(capsys):
     """Every command's --help is plain text for a terminal: what the tool is, examples, no
     reStructuredText left over from docstrings."""
     top = run("--help")
@@ -102,5 +114,7 @@ def test_help_reads_as_help():
     assert "examples:" in top.stdout and "speceyes demo" in top.stdout
     commands = top.stdout.split("{", 1)[1].split("}", 1)[0].split(",")
     assert {"demo", "bench", "report", "calibrate"} <= set(commands)
-    for text in [top.stdout] + [run(c, "--help").stdout for c in commands]:
+    helps = [run_here(capsys, c, "--help") for c in commands]
+    assert all(code == 0 for code, _ in helps)
+    for text in [top.stdout] + [text for _, text in helps]:
         assert text and "``" not in text and ":func:" not in text and ":class:" not in text

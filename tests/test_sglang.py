@@ -15,7 +15,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 
 pytest.importorskip("langchain_openai", reason="the openai extra")
 
-from engine_parity import CONFIGURATIONS, assert_same, local_run, run  # noqa: E402
+from engine_parity import assert_same, local_run, run_configuration  # noqa: E402
 
 from speceyes_graph.demo.engines import served_models  # noqa: E402
 from speceyes_graph.models import openai_chat_model  # noqa: E402
@@ -34,8 +34,7 @@ def served(sglang_servers):
 def test_the_graph_over_sglang_matches_the_transformers_path(
     demo_local, served, demo_queries_60, configuration
 ):
-    mode, settings = CONFIGURATIONS[configuration]
-    served_run = run(served, mode, demo_queries_60, **settings)
+    served_run = run_configuration(served, configuration, demo_queries_60)
     assert_same(local_run(demo_local, configuration, demo_queries_60), served_run)
 
 

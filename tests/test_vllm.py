@@ -18,7 +18,12 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 pytest.importorskip("langchain_openai", reason="the openai extra")
 
-from engine_parity import CONFIGURATIONS, assert_same, local_run, run  # noqa: E402
+from engine_parity import (  # noqa: E402
+    CONFIGURATIONS,
+    assert_same,
+    local_run,
+    run_configuration,
+)
 
 from speceyes_graph import create_speceyes_chat_graph  # noqa: E402
 from speceyes_graph.demo import (  # noqa: E402
@@ -48,8 +53,8 @@ def served(vllm_servers):
 def test_the_graph_over_vllm_matches_the_transformers_path(
     demo_local, served, demo_queries_60, configuration
 ):
-    mode, settings = CONFIGURATIONS[configuration]
-    served_run = run(served, mode, demo_queries_60, **settings)
+    mode, settings, _ = CONFIGURATIONS[configuration]
+    served_run = run_configuration(served, configuration, demo_queries_60)
     assert_same(local_run(demo_local, configuration, demo_queries_60), served_run)
     outs = served_run[0]
     routes = {o["route"] for o in outs}

@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "EngineNotInstalled",
@@ -208,9 +209,20 @@ class EngineServer:
 
 class VLLMServer(EngineServer):
     """vLLM, as ``vllm serve`` would run it: ``max_logprobs`` raised from vLLM's default 20 to
-    the gate's K (64); ``kv_cache_gib`` is vLLM CPU's ``VLLM_CPU_KVCACHE_SPACE``."""
+    the gate's K (64); ``kv_cache_gib`` is vLLM CPU's ``VLLM_CPU_KVCACHE_SPACE``.
+
+    ``eager`` (the default) passes ``--enforce-eager``: otherwise vLLM compiles the model with
+    ``torch.compile`` at every start (about 40 s on 2 CPU cores, half of a start: vllm-cpu
+    0.32.0 cannot load its own compile cache), which the demo's tiny checkpoints never earn
+    back; decoding is as fast and the outputs the same. Pass ``eager=False`` for a real
+    checkpoint that serves for long.
+    """
 
     engine = "vllm"
+
+    def __init__(self, model: str | Path, *, eager: bool = True, **kwargs: Any):
+        super().__init__(model, **kwargs)
+        self.eager = eager
 
     def command(self, python: str) -> list[str]:
         return [
@@ -218,6 +230,7 @@ class VLLMServer(EngineServer):
             "--model", self.model, "--host", self.host, "--port", str(self.port),
             "--max-logprobs", str(self.max_logprobs),
             "--max-model-len", str(self.max_model_len), "--dtype", self.dtype,
+            *(["--enforce-eager"] if self.eager else []),
             *(["--served-model-name", self.name] if self.name else []), *self.extra_args,
         ]  # fmt: skip
 
@@ -231,7 +244,12 @@ SGLANG_CPU_SHIM = _CHECKOUT / "scripts" / "sglang_cpu"
 
 class SGLangServer(EngineServer):
     """SGLang on a CPU (``--device cpu``), with its KV cache bounded to eight full contexts
-    (unbounded, it takes most of the machine's memory); returns any number of top log-probs."""
+    (unbounded, it takes most of the machine's memory); returns any number of top log-probs.
+
+    ``--sleep-on-idle``: an idle SGLang scheduler otherwise polls in a busy loop, a whole core
+    per server. With two servers on a 2-core machine the idle one starved the busy one's
+    decoding: the demo's 60 SpecEyes queries took 235 s, and take 21 s with it.
+    """
 
     engine = "sglang"
 
@@ -240,7 +258,7 @@ class SGLangServer(EngineServer):
             python, "-m", "sglang.launch_server", "--model-path", self.model,
             "--host", self.host, "--port", str(self.port), "--device", "cpu",
             "--dtype", self.dtype, "--context-length", str(self.max_model_len),
-            "--max-total-tokens", str(8 * self.max_model_len),
+            "--max-total-tokens", str(8 * self.max_model_len), "--sleep-on-idle",
             *(["--served-model-name", self.name] if self.name else []), *self.extra_args,
         ]  # fmt: skip
 
