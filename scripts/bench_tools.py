@@ -76,6 +76,36 @@ def bench_crop_zoom(path, reps):
     print(f"  zoom tool end to end (map, clamp, zoom, PNG-encode the result): {med:.1f} ms median")
 
 
+def bench_decode(reps):
+    """The store's decode of an 800x600 photo per format, upright or turned: header (size,
+    orientation, price) plus pixels. Reading the orientation must not decode the image
+    (Pillow's PNG getexif() does: 7 ms became 30 ms before the header walk)."""
+    import io
+
+    from speceyes_tools import ImageStore
+
+    rng = np.random.default_rng(0)
+    arr = rng.integers(0, 255, (600, 800, 3), dtype=np.uint8)
+    arr[:300] //= 16  # half noise, half nearly flat
+    pil = Image.fromarray(arr)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    print("decode 800x600, header + pixels (ms, median):")
+    for name, fmt, extra in [
+        ("PNG", "PNG", {}),
+        ("PNG, EXIF 6", "PNG", {"exif": exif.tobytes()}),
+        ("JPEG", "JPEG", {"quality": 90}),
+        ("JPEG, EXIF 6", "JPEG", {"quality": 90, "exif": exif.tobytes()}),
+        ("TIFF LZW, tag 6", "TIFF", {"compression": "tiff_lzw", "tiffinfo": {0x0112: 6}}),
+        ("WebP", "WEBP", {"quality": 90}),
+    ]:
+        buf = io.BytesIO()
+        pil.save(buf, format=fmt, **extra)
+        data, store = buf.getvalue(), ImageStore(max_bytes=0)
+        med, best = timeit(lambda d=data, st=store: st._decode(d, "bench"), reps)
+        print(f"  {name:<16} {med:6.1f}   (best {best:.1f})")
+
+
 WORDS = "store open exit main street north road hotel cafe bank park lane river stone market station 24 7 45 1990 B12 sale".split()
 
 
@@ -188,6 +218,7 @@ def main():
         path = Path(tmp) / "8k.png"
         scene(7680, 4320).save(path, compress_level=1)
         print(f"machine: {resource.getpagesize()} B pages, python {sys.version.split()[0]}")
+        bench_decode(args.reps * 2)
         bench_crop_zoom(path, args.reps)
         bench_ocr(path, max(3, args.reps // 4))
         ocr_preprocessing_table()

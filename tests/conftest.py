@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from pathlib import Path
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Under pytest-xdist each worker (and the servers and scripts it starts) computes on one
@@ -227,3 +229,14 @@ def pytest_runtest_teardown(item, nextitem):
         if item.nodeid == nodeid:
             for server in _RUNNING.pop(name, []):
                 server.stop()
+
+
+_SESSION_START = time.time()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The image corpus's counts (tests/test_corpus.py), in the CI log, when it ran."""
+    report = Path(__file__).resolve().parent.parent / ".corpus" / "last-report.txt"
+    if report.exists() and report.stat().st_mtime >= _SESSION_START:
+        terminalreporter.write_sep("=", "image corpus")
+        terminalreporter.write_line(report.read_text())

@@ -211,6 +211,25 @@ def test_extract_choice(reply, letter):
     assert extract_choice(reply, ["red", "blue", "green", "dark red"]) == letter
 
 
+@pytest.mark.parametrize(
+    "reply, options, letter",
+    [
+        # options that read alike once punctuation goes (real HR-Bench rows): the explicit,
+        # marked letter whose own option matches says which
+        ("A. ELEVATE", ["ELEVATE", "ELEVATE.", "LOWER", "HOLD"], "A"),
+        ("B. ELEVATE.", ["ELEVATE", "ELEVATE.", "LOWER", "HOLD"], "B"),
+        ("(B) ELEVATE", ["ELEVATE", "ELEVATE.", "LOWER", "HOLD"], "B"),
+        ("<answer>A: ELEVATE</answer>", ["ELEVATE", "ELEVATE.", "LOWER", "HOLD"], "A"),
+        ("C. ELEVATE", ["ELEVATE", "ELEVATE.", "LOWER", "HOLD"], None),  # C is LOWER
+        ("ELEVATE", ["ELEVATE", "ELEVATE.", "LOWER", "HOLD"], None),  # which of the two?
+        ("A ELEVATE", ["ELEVATE", "ELEVATE.", "LOWER", "HOLD"], None),  # unmarked: no letter
+        ("D. Zone 3", ["Zone 3", "zone 3", "Zone 4", "Zone 3."], "D"),
+    ],
+)
+def test_a_marked_letter_decides_between_near_duplicate_options(reply, options, letter):
+    assert extract_choice(reply, options) == letter
+
+
 def test_yes_no_and_pope_metrics():
     assert [
         extract_yes_no(r)

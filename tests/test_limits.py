@@ -13,6 +13,7 @@ from helpers import deepeyes_agent, judge, question_of, speculator
 from speceyes_graph import Limits, create_speceyes_graph
 from speceyes_graph.models import ScriptedChatModel
 from speceyes_tools import ImagePolicy, ImageStore
+from speceyes_tools.codec import read_header
 
 GOOD = {"question": "big?", "options": ["red", "blue"]}
 
@@ -122,6 +123,12 @@ def big_png(path, side=12000):
     return str(path)
 
 
+def price(path) -> int:
+    """What the store's budget counts for one decode: the header's price and the file."""
+    data = open(path, "rb").read()
+    return read_header(data).decode_bytes + len(data)
+
+
 def test_a_pixel_bomb_is_refused_before_decoding(scene, tmp_path):
     bomb = big_png(tmp_path / "bomb.png")
     assert os.path.getsize(bomb) < 1_000_000
@@ -132,7 +139,7 @@ def test_a_pixel_bomb_is_refused_before_decoding(scene, tmp_path):
     for out in outs[:3]:
         assert "12000x12000 (144.0 MP); the limit is 64 MP" in out["error"]
     assert_good(outs, [3])
-    assert store.budget.peak <= os.path.getsize(scene) + 1280 * 720 * 3  # only the scene decoded
+    assert store.budget.peak <= price(scene)  # only the scene was decoded
 
 
 def test_decodes_in_flight_stay_within_the_memory_budget(tmp_path):
@@ -140,7 +147,7 @@ def test_decodes_in_flight_stay_within_the_memory_budget(tmp_path):
         write_scene(tmp_path / f"s{i}.png", size=(1000, 800), box=(10 * i, 10, 10 * i + 50, 60))
         for i in range(8)
     ]
-    one = 1000 * 800 * 3 + max(os.path.getsize(p) for p in paths)
+    one = max(price(p) for p in paths)
     store = ImageStore(max_decode_bytes=int(2.5 * one))
     outs, _ = batch(build(store=store), [{**GOOD, "images": [p]} for p in paths])
     assert_good(outs, range(8))

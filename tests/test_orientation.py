@@ -152,3 +152,122 @@ def test_the_sandbox_opens_the_photo_upright_under_the_name_the_prompt_gives(tmp
     name, w, h, share = out.split()
     assert (name, int(w), int(h)) == ("IMG_0042.png", WIDTH, HEIGHT)
     assert float(share) > 0.95
+
+
+# --- TIFF: the orientation is a tag of the image file directory, not an EXIF block ----------
+
+TIFF_COMPRESSIONS = ["raw", "tiff_lzw", "group4", "jpeg"]
+
+
+def save_tiff(path, displayed: np.ndarray, orientation: int, compression: str, pages: int = 1):
+    """A TIFF whose stored pixels ``orientation`` turns into ``displayed``; ``group4`` is a
+    fax (1 bit), ``pages`` > 1 adds pages that must not be shown."""
+    pil = Image.fromarray(displayed)
+    if compression == "group4":
+        pil = pil.convert("L").point(lambda v: 255 if v > 128 else 0).convert("1")
+    stored = pil.transpose(_INVERSE[orientation]) if orientation in _INVERSE else pil
+    extra = [Image.new(stored.mode, (7, 5), 0) for _ in range(pages - 1)]
+    stored.save(
+        path,
+        format="TIFF",
+        compression=compression,
+        tiffinfo={0x0112: orientation},
+        save_all=pages > 1,
+        append_images=extra,
+    )
+    return str(path)
+
+
+_INVERSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_90,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_270,
+}
+
+
+def pil_upright(path) -> np.ndarray:
+    """What viewers show: Pillow's own exif_transpose of the first frame."""
+    with Image.open(path) as im:
+        return np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("compression", TIFF_COMPRESSIONS)
+def test_every_tiff_orientation_decodes_as_pil_shows_it(tmp_path, orientation, compression):
+    gradient = np.zeros((30, 50, 3), np.uint8)
+    gradient[..., 0] = np.arange(50) * 5
+    gradient[..., 1] = np.arange(30)[:, None] * 8
+    gradient[5:12, 3:9] = 255  # an asymmetric mark: any wrong turn moves it
+    path = save_tiff(tmp_path / "g.tif", gradient, orientation, compression)
+    expected = pil_upright(path)
+    assert expected.shape == (30, 50, 3)
+    store = ImageStore()
+    ours = store.get(path)
+    assert np.array_equal(ours, expected)  # pixel for pixel: the same decoder, turned once
+    assert store.decodes == 1
+    assert exif_orientation(open(path, "rb").read()) == orientation
+
+
+@pytest.mark.parametrize("orientation", [1, 6, 7])
+def test_a_multipage_tiff_shows_its_first_page_upright(tmp_path, orientation):
+    path = save_tiff(tmp_path / "pages.tif", upright_scene(), orientation, "tiff_lzw", pages=3)
+    arr = load_image(path)
+    assert arr.shape == (HEIGHT, WIDTH, 3) and np.array_equal(arr, pil_upright(path))
+
+
+def test_a_portrait_tiff_is_upright_in_every_path(tmp_path):
+    """The store, the zoom tools' frame, the PNG a served model is sent and the file the
+    code sandbox opens all show the upright page (Pillow turns TIFFs itself while loading;
+    turning again would show it sideways)."""
+    from langchain_core.messages import HumanMessage
+
+    from speceyes_graph.messages import hydrate, image_blocks
+    from speceyes_tools.python_tool import sandbox_image
+
+    path = save_tiff(tmp_path / "scan.tif", upright_scene(), 6, "tiff_lzw")
+    store = ImageStore()
+    assert store.size(path) == (WIDTH, HEIGHT)
+    x1, y1, x2, y2 = BOX
+    assert red_share(store.get(path)[y1:y2, x1:x2]) > 0.95
+
+    spec = ResizeSpec()
+    seen_w, seen_h = spec.size(WIDTH, HEIGHT)
+    sx, sy = seen_w / WIDTH, seen_h / HEIGHT
+    model_box = [BOX[0] * sx, BOX[1] * sy, BOX[2] * sx, BOX[3] * sy]
+    content, artifact = image_zoom_in_tool.func(bbox_2d=model_box, state={"images": [path]})
+    assert artifact["box"] == pytest.approx(BOX, abs=2)
+    crop = np.asarray(Image.open(io.BytesIO(base64.b64decode(content[1]["base64"]))))
+    assert red_share(crop) > 0.9
+
+    message = HumanMessage(content=image_blocks([path], spec, store))
+    sent = Image.open(
+        io.BytesIO(base64.b64decode(hydrate([message], store)[0].content[0]["base64"]))
+    )
+    assert sent.format == "PNG" and sent.size == (seen_w, seen_h)
+
+    data, name, size = sandbox_image(path, store)
+    assert name == "scan.png" and size == (WIDTH, HEIGHT)
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")), store.get(path))
+
+
+def test_a_png_whose_exif_follows_the_pixels_is_turned_without_a_second_decode(tmp_path):
+    """PNG allows the eXIf chunk after the image data; Pillow then finds it only by decoding
+    the whole image. The header walk finds it in the chunk list."""
+    path = save_with_orientation(tmp_path / "late.png", upright_scene(), 6, "PNG")
+    data = open(path, "rb").read()
+    # move the eXIf chunk behind the IDAT chunks
+    start = data.index(b"eXIf") - 4
+    length = int.from_bytes(data[start : start + 4], "big")
+    chunk = data[start : start + 12 + length]
+    rest = data[:start] + data[start + 12 + length :]
+    end = rest.index(b"IEND") - 4
+    late = rest[:end] + chunk + rest[end:]
+    (tmp_path / "late.png").write_bytes(late)
+    with Image.open(io.BytesIO(late)) as im:
+        assert "exif" not in im.info  # Pillow has not seen it from the header
+    assert exif_orientation(late) == 6
+    assert np.array_equal(load_image(path), pil_upright(path))

@@ -427,7 +427,9 @@ def test_rows_with_their_own_lengths_and_stops_match_their_own_batches(tiny_chat
     short_key, _ = large._settings([stop], {"max_tokens": 12})
     shorter_key, _ = large._settings(None, {"max_tokens": 4})
     for row_key in (short_key, shorter_key):
-        same = large.generation.run_batch(row_key, prepared)  # both rows with the second one's settings
+        same = large.generation.run_batch(
+            row_key, prepared
+        )  # both rows with the second one's settings
         mixed = large.generation.run_batch(RowKeys([long_key, row_key]), prepared)
         assert mixed[0].content == alone[0].content
         assert mixed[0].response_metadata == alone[0].response_metadata

@@ -13,8 +13,10 @@ therefore stores a few dozen bytes per image.
 - :meth:`~ImageStore.get` decodes once and keeps the RGB array in an LRU bounded by bytes,
   keyed by content (blob keys) or by (path, size, mtime) for files, so a file rewritten
   under the same name is read again; every image is checked against a pixel cap before it
-  is decoded, and decodes wait for a memory budget, so a batch of huge images cannot
-  exhaust memory;
+  is decoded, and decodes wait for a memory budget (priced from the header by
+  :func:`~speceyes_tools.codec.read_header`, before any pixel is allocated), so a batch of
+  huge images cannot exhaust memory; the decode itself (:mod:`speceyes_tools.codec`) is the
+  one rule every path shares: first frame, upright, 8-bit RGB;
 - :meth:`~ImageStore.model_view` gives the blob key of the image as a model sees it (smart
   resize), which messages in state carry and which is turned into bytes only when a model
   is called (:meth:`~ImageStore.base64`).
@@ -28,22 +30,28 @@ from __future__ import annotations
 import base64
 import contextvars
 import hashlib
-import io
 import math
 import os
-import re
 import threading
-import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from .blobs import BLOB_SCHEME, BlobStore, MemoryBlobs, blob_key, is_blob_key
+from .codec import (
+    ImageHeader,
+    decode_image,
+    encode_image,
+    encode_png,
+    exif_orientation,
+    read_header,
+    sniff_mime,
+    upright,
+)
 from .deadlines import EarliestDeadlineFirst, cpu_work, time_left
 from .sources import (
     ImageLoadError,
@@ -58,6 +66,7 @@ from .sources import (
 )
 
 __all__ = [
+    "ImageHeader",
     "ImageLoadError",
     "ImagePolicy",
     "ImagePolicyError",
@@ -72,6 +81,7 @@ __all__ = [
     "pixel_key",
     "current_store",
     "put_bytes",
+    "read_header",
     "release",
     "smart_resize",
     "sniff_mime",
@@ -131,16 +141,6 @@ def smart_resize(
     return h_bar, w_bar
 
 
-# --- encoding and decoding ------------------------------------------------------------------
-
-
-def encode_png(arr: np.ndarray) -> bytes:
-    """Lossless PNG bytes of an RGB array (fast compression: these are transient)."""
-    buf = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(arr)).save(buf, format="PNG", compress_level=1)
-    return buf.getvalue()
-
-
 def pixel_key(arr: np.ndarray) -> str:
     """A ``blob://`` key naming an RGB array by its pixels (SHA-256 of its shape and bytes):
     like a blob key, it always means the same pixels and cannot be guessed without them, but
@@ -149,136 +149,6 @@ def pixel_key(arr: np.ndarray) -> str:
     digest = hashlib.sha256(f"rgb8:{w}x{h}:".encode())
     digest.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
     return BLOB_SCHEME + digest.hexdigest()
-
-
-def encode_image(arr: np.ndarray, fmt: str = "PNG", quality: int = 92) -> str:
-    """Encode an RGB array as a base64 string (PNG is lossless; JPEG is smaller)."""
-    if fmt.upper() != "JPEG":
-        return base64.b64encode(encode_png(arr)).decode("ascii")
-    buf = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(arr)).save(buf, format="JPEG", quality=quality)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-_MAGIC = [
-    (b"\x89PNG\r\n\x1a\n", "image/png"),
-    (b"\xff\xd8\xff", "image/jpeg"),
-    (b"GIF8", "image/gif"),
-    (b"BM", "image/bmp"),
-]
-
-
-def sniff_mime(data: bytes) -> str:
-    """The MIME type of encoded image bytes, from their first bytes."""
-    for magic, mime in _MAGIC:
-        if data.startswith(magic):
-            return mime
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    return "application/octet-stream"
-
-
-def _header(data: bytes, name: str) -> tuple[int, int, int]:
-    """(width, height, EXIF orientation) as stored, from the header."""
-    try:
-        with warnings.catch_warnings():  # our own pixel cap decides, right after this
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as im:  # reads the header only
-                return *im.size, _orientation_of(im)
-    except Image.DecompressionBombError as exc:
-        raise ImageLoadError(
-            f"image {name} is larger than PIL's decompression-bomb limit "
-            f"({Image.MAX_IMAGE_PIXELS} pixels); raise PIL.Image.MAX_IMAGE_PIXELS only for "
-            "trusted data"
-        ) from exc
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise ImageLoadError(
-            f"image {name} is corrupt or truncated (or not an image): {_pil_reason(exc)}"
-        ) from None
-
-
-_ORIENTATION_TAG = 0x0112
-
-# EXIF orientation -> the array operation that shows the pixels as viewers do (the same
-# operations as PIL's ImageOps.exif_transpose; rows are y, columns x)
-_UPRIGHT = {
-    2: lambda a: a[:, ::-1],  # mirrored left-right
-    3: lambda a: a[::-1, ::-1],  # upside down
-    4: lambda a: a[::-1],  # mirrored top-bottom
-    5: lambda a: a.swapaxes(0, 1),  # transposed
-    6: lambda a: np.rot90(a, -1),  # a phone held upright: turn 90 degrees clockwise
-    7: lambda a: a[::-1, ::-1].swapaxes(0, 1),  # transversed
-    8: lambda a: np.rot90(a, 1),  # turn 90 degrees counter-clockwise
-}
-
-
-def _orientation_of(im: Image.Image) -> int:
-    try:
-        value = im.getexif().get(_ORIENTATION_TAG, 1)
-    except Exception:  # a malformed EXIF block: the pixels are still an image, shown as stored
-        return 1
-    return value if value in _UPRIGHT else 1
-
-
-def exif_orientation(source: bytes | BinaryIO) -> int:
-    """The EXIF orientation (1-8) of encoded image bytes or an open binary file, from the
-    header only; 1 (as stored) when there is none or it cannot be read."""
-    try:
-        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as im:
-            return _orientation_of(im)
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
-        return 1
-
-
-def upright(arr: np.ndarray, orientation: int) -> np.ndarray:
-    """The pixels as viewers show them: ``arr`` (as stored) turned by its EXIF orientation."""
-    turn = _UPRIGHT.get(orientation)
-    return arr if turn is None else np.ascontiguousarray(turn(arr))
-
-
-def _pil_reason(exc: BaseException) -> str:
-    """PIL's message without the repr of the buffer it read (an address, different every run)."""
-    return re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))
-
-
-def decode_image(data: bytes, name: str = "image", max_pixels: int | None = None) -> np.ndarray:
-    """Encoded bytes -> RGB ``uint8`` array ``[H, W, 3]``, refusing images over ``max_pixels``.
-
-    The array is upright: an EXIF orientation (every portrait photo from a phone) is applied,
-    as browsers and viewers do, so boxes a model writes about what it sees land on the same
-    pixels. PNG and JPEG go straight into one NumPy buffer with OpenCV (PIL peaks at about
-    three frames for an 8K decode; OpenCV at one); other formats through PIL. Truncated files
-    are reported, never decoded to grey rows.
-    """
-    width, height, _ = _header(data, name)
-    if max_pixels is not None and width * height > max_pixels:
-        raise ImageLoadError(
-            f"image {name} is {width}x{height} ({width * height / 1e6:.1f} MP); the limit is "
-            f"{max_pixels / 1e6:.0f} MP"
-        )
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            orientation = _orientation_of(im)
-            if im.format in ("PNG", "JPEG"):
-                import cv2
-
-                # orientation is applied below, the same way for every format
-                arr = cv2.imdecode(
-                    np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION
-                )
-                if arr is None:
-                    raise ImageLoadError(
-                        f"image {name} is corrupt or truncated ({im.format} data incomplete)"
-                    )
-                arr = cv2.cvtColor(arr, cv2.COLOR_BGR2RGB, dst=arr)  # in place
-            else:
-                im.load()  # raises on truncated data
-                arr = np.asarray(im.convert("RGB") if im.mode != "RGB" else im)
-            return upright(arr, orientation)
-    except ImageLoadError:
-        raise
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise ImageLoadError(f"image {name} is corrupt or truncated: {_pil_reason(exc)}") from None
 
 
 def _kind(ref: Any) -> str:
@@ -482,16 +352,16 @@ class ImageStore:
         return arr
 
     def _decode(self, data: bytes, name: str) -> np.ndarray:
-        width, height, orientation = _header(data, name)
-        if width * height > self.policy.max_pixels:
+        header = read_header(data, name)
+        if header.pixels > self.policy.max_pixels:
             raise ImageLoadError(
-                f"image {name} is {width}x{height} ({width * height / 1e6:.1f} MP); the limit "
-                f"is {self.policy.max_pixels / 1e6:.0f} MP"
+                f"image {name} is {header.width}x{header.height} ({header.pixels / 1e6:.1f} MP); "
+                f"the limit is {self.policy.max_pixels / 1e6:.0f} MP"
             )
-        need = width * height * 3 * (1 if orientation == 1 else 2) + len(data)  # turning copies
+        need = header.decode_bytes + len(data)
         self.budget.acquire(need, name)
         try:
-            return decode_image(data, name)
+            return decode_image(data, name, header=header)
         finally:
             self.budget.release(need)
 

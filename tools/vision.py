@@ -97,7 +97,9 @@ def query_image(
     except ImageLoadError:
         raise  # not the model's fault: the query fails with a clear error
     except Exception as exc:  # pragma: no cover - defensive
-        raise ImageLoadError(f"could not load image {image_index}: {exc}") from exc
+        raise ImageLoadError(
+            f"could not load image {image_index}: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def resolve_box(

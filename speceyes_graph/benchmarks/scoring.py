@@ -3,7 +3,8 @@
 Option letters are read from the usual answer shapes ("A", "A.", "(A)", "A. red",
 "<answer>A</answer>", "The answer is A", the option text alone), never by looking for a
 letter *anywhere* in the reply (the published scripts' substring match counts "A" in "What
-a red car" as option A). Yes/no is lower-cased and read from the first word or a lone
+a red car" as option A). A marked letter ("A.", "(A)") followed by its own option's text is
+that letter even when another option reads the same ("ELEVATE" and "ELEVATE."). Yes/no is lower-cased and read from the first word or a lone
 yes/no. Anything unreadable, and every errored query, counts as wrong.
 """
 
@@ -72,6 +73,10 @@ def extract_choice(reply: str | None, options: Sequence[str]) -> str | None:
         marked = bool(re.match(r"^\s*[\(\[]", text)) or text[m.end() - 1 : m.end()] in ".:,)]"
         in_rest = _mentioned(_words(rest), options)
         if not in_rest or in_rest == [letter]:
+            return letter
+        if marked and letter in in_rest:
+            # "A. ELEVATE" with options "ELEVATE" and "ELEVATE.": near-duplicate options read
+            # alike, and the explicit letter says which one was meant
             return letter
         if len(in_rest) == 1:
             # "A blue car": an article, not a letter; "A. blue" with A = red: a contradiction
