@@ -32,6 +32,7 @@ query as a whole have deadlines. Model calls are tagged ``nostream``: with
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -69,7 +70,16 @@ from .query import read_query
 from .separability import GateConfig
 from .settings import Limits, OnError, RunSettings, resolve_settings, run_overrides
 from .specreason import run_specreason
-from .state import Draft, Mode, SpecEyesContext, SpecEyesInput, SpecEyesOutput, SpecEyesState
+from .state import (
+    Draft,
+    Mode,
+    RunInput,
+    SpecEyesContext,
+    SpecEyesInput,
+    SpecEyesOutput,
+    SpecEyesState,
+    pixel_free,
+)
 from .tool_speculation import after_tool_gate, speculate_tools_node
 from .toolsets import Toolset, build_tools, load_toolset
 
@@ -283,6 +293,8 @@ def create_speceyes_graph(
         output_schema=SpecEyesOutput,
         context_schema=SpecEyesContext,
     )
+    # data: URLs in a checkpoint taken before intake are kept in this graph's store
+    graph.channels["images"] = RunInput(list, keep=functools.partial(pixel_free, store=store))
 
     def failed(state: SpecEyesState, phase: str, exc: BaseException, t0: float) -> dict[str, Any]:
         message = f"{phase}: {type(exc).__name__}: {exc}"

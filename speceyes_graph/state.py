@@ -1,10 +1,14 @@
 """The typed state of the SpecEyes graph: what goes in, what comes out, what stays inside.
 
-**Every run starts clean.** The input keys are *untracked* channels: they exist while a run
-reads them and are never checkpointed, so a later run on the same thread cannot inherit an
-earlier run's images or options, and a ``data:`` URL is never written to a checkpoint. The
-first node (``intake``) validates them into ``query`` and resets every output key, so a run
-never returns an earlier run's answer, route, steps or error.
+**Every run starts clean, and a run redelivered after its worker died still has its
+input.** The input keys are :class:`RunInput` channels: kept in the checkpoints taken before
+the first node (``intake``) has read them, so a run taken over by another worker with the
+same ``run_id`` (LangGraph then resumes from the last checkpoint and ignores the input it is
+sent again) reads the same input; cleared in the step ``intake`` runs, so a later run on the
+thread that omits a key cannot inherit it. ``intake`` validates them into ``query`` and
+resets every output key, so a run never returns an earlier run's answer, route, steps or
+error. A ``data:`` URL is never written to a checkpoint: the ``images`` channel checkpoints
+it as the ``blob://`` key of its bytes in the graph's image store.
 
 **No pixels in state.** Images travel as references (paths, URLs, ``blob://`` keys of the
 image store); the agent's messages carry ``blob://`` image blocks that become bytes only
@@ -17,12 +21,15 @@ so embedding the compiled graph in a parent graph can never apply a list reducer
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from langchain_core.messages import AnyMessage
-from langgraph.channels import UntrackedValue
+from langgraph.channels import EphemeralValue
 from pydantic import Field
-from typing_extensions import Required, TypedDict
+from typing_extensions import Required, Self, TypedDict
+
+from speceyes_tools.images import ImageStore, current_store
 
 __all__ = [
     "AgentStep",
@@ -30,6 +37,7 @@ __all__ = [
     "Mode",
     "Query",
     "Route",
+    "RunInput",
     "SpecEyesContext",
     "SpecEyesInput",
     "SpecEyesOutput",
@@ -121,8 +129,68 @@ class Query(TypedDict):
     query_id: str | None
 
 
-def _untracked(typ: type) -> UntrackedValue:
-    return UntrackedValue(typ, guard=False)
+MISSING = EphemeralValue(object).value  # LangGraph's "no value" marker, without its internals
+
+
+class RunInput(EphemeralValue):
+    """An input key of one run: in the checkpoints until the step that reads it, then gone.
+
+    LangGraph clears an ephemeral channel in the first step that does not write it, which
+    for an input key is the step ``intake`` runs in; until then its value is checkpointed,
+    through ``keep``, which turns it into what a checkpoint may hold (for ``images``: the
+    ``blob://`` key of a ``data:`` URL's bytes). A run that stopped before ``intake`` and is
+    never taken over leaves its input in that checkpoint; the next run on the thread starts
+    by discarding the unfinished step, which clears the keys it does not send.
+    """
+
+    __slots__ = ("keep",)
+
+    def __init__(self, typ: Any, keep: Callable[[Any], Any] | None = None) -> None:
+        super().__init__(typ, guard=False)
+        self.keep = keep
+
+    def __eq__(self, value: object) -> bool:
+        return isinstance(value, RunInput)
+
+    def copy(self) -> Self:
+        copied = self.__class__(self.typ, self.keep)
+        copied.key, copied.value = self.key, self.value
+        return copied
+
+    def from_checkpoint(self, checkpoint: Any) -> Self:
+        restored = self.__class__(self.typ, self.keep)
+        restored.key = self.key
+        if checkpoint is not MISSING:
+            restored.value = checkpoint
+        return restored
+
+    def update(self, values: Sequence[Any]) -> bool:
+        return super().update(values[-1:])  # the last of several writes, like guard=False
+
+    def checkpoint(self) -> Any:
+        if self.value is MISSING or self.keep is None:
+            return self.value
+        return self.keep(self.value)
+
+
+def pixel_free(refs: Any, store: ImageStore | None = None) -> Any:
+    """Image references as a checkpoint may hold them: each ``data:`` URL kept in ``store``
+    (default: :func:`~speceyes_tools.images.current_store`) and replaced by its ``blob://``
+    key; other references as they are. A ``data:`` URL the store refuses is replaced by a
+    marker that fails ``intake`` with the store's reason."""
+    one = isinstance(refs, str)
+    items = [refs] if one else refs
+    if not isinstance(items, list):
+        return refs
+    kept = []
+    for ref in items:
+        if isinstance(ref, str) and ref[:5].lower() == "data:":
+            try:
+                ref = (store or current_store()).intern(ref)
+            except Exception as exc:  # the run fails at intake either way
+                ref = f"unreadable:{type(exc).__name__}: {exc}"[:500]
+        kept.append(ref)
+    return kept[0] if one else kept
 
 
 class SpecEyesInput(TypedDict, total=False):
@@ -131,13 +199,13 @@ class SpecEyesInput(TypedDict, total=False):
     question: Required[
         Annotated[
             str,
-            _untracked(str),
+            RunInput(str),
             Field(description="The question about the image(s), in plain text."),
         ]
     ]
     images: Annotated[
         list[str],
-        _untracked(list),
+        RunInput(list, keep=pixel_free),
         Field(
             description=(
                 "The query's images, as a list of references: 'data:image/png;base64,...' "
@@ -148,7 +216,7 @@ class SpecEyesInput(TypedDict, total=False):
     ]
     options: Annotated[
         list[str] | None,
-        _untracked(list),
+        RunInput(list),
         Field(
             description="Multiple-choice options (at most 26), shown to the models as A., B., ...; "
             "omit for open questions."
@@ -156,7 +224,7 @@ class SpecEyesInput(TypedDict, total=False):
     ]
     query_id: Annotated[
         str | None,
-        _untracked(str),
+        RunInput(str),
         Field(
             description="Your identifier for this query (kept in the run's state as query.query_id)."
         ),
@@ -215,7 +283,7 @@ class SpecEyesOutput(TypedDict, total=False):
 
 
 class SpecEyesState(SpecEyesInput, SpecEyesOutput, total=False):
-    query: Query  # the validated input (checkpointed; the raw input is not)
+    query: Query  # the validated input (checkpointed; the raw input only until intake)
     settings: dict[str, Any]  # this run's resolved settings (see settings.RunSettings)
     deadline: float  # this query's absolute deadline, time.time() seconds
     pending_draft: str | None  # ticket of a draft started beside the judge (parallel speculation)

@@ -1,0 +1,157 @@
+"""A run redelivered after its worker died answers exactly like a fresh run.
+
+A serving engine (LangGraph Platform, Aegra) that loses a worker hands the run to another
+with the same ``run_id``. LangGraph treats a run whose ``run_id`` matches the thread's last
+checkpoint as a re-entry: it resumes from that checkpoint and ignores the input it is sent
+again. So whatever the run had not yet turned into state must be in the checkpoint: the
+input keys are kept, pixel-free, in the checkpoints taken before ``intake`` reads them
+(``speceyes_graph.state.RunInput``), and gone from every later one.
+
+These tests stop a run before each node (``interrupt_before``: the checkpoint a dead
+worker leaves), then send the same input with the same ``run_id`` to a graph compiled
+without the interrupt, as the worker that takes the run over would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import uuid
+
+import pytest
+from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+
+from helpers import deepeyes_agent, judge, speculator
+from speceyes_graph import create_speceyes_graph
+from speceyes_graph.compose import create_speceyes_chat_graph
+
+# (name, graph settings, judge says, draft separability, the nodes that run)
+SCENARIOS = {
+    "accepted": ({}, "no", 9.0, ["intake", "judge", "speculate", "gate"]),
+    "rejected": ({}, "no", 2.0, ["intake", "judge", "speculate", "gate", "agent_loop"]),
+    "agentic": ({}, "yes", 9.0, ["intake", "judge", "agent_loop"]),
+    "agent-only": ({"mode": "agent"}, "no", 9.0, ["intake", "agent_loop"]),
+    "depth-1": (
+        {"speculation_depth": 1},
+        "yes",
+        9.0,
+        ["intake", "judge", "speculate_tools", "agent_loop"],
+    ),
+    "specreason": ({"mode": "specreason"}, "no", 9.0, ["intake", "specreason"]),
+}
+CASES = [(name, n) for name, (_, _, _, nodes) in SCENARIOS.items() for n in nodes]
+COMPARED = ("answer", "route", "error", "judge_output", "stop_reason")
+
+
+def build(name: str):
+    settings, judged, separability, _ = SCENARIOS[name]
+    return create_speceyes_graph(
+        judge=judge(judged),
+        speculator=speculator("A", separability),
+        agent=deepeyes_agent(answer="B"),
+        **settings,
+    )
+
+
+def summary(out: dict) -> dict:
+    steps = [s.get("tool") or s.get("model_text") for s in out.get("agent_steps") or []]
+    return {**{k: out.get(k) for k in COMPARED}, "steps": steps}
+
+
+def run_config(thread: str, run_id: str) -> dict:
+    # as the LangGraph API and Aegra pass it: the run id in the run's metadata
+    return {"configurable": {"thread_id": thread}, "run_id": run_id, "metadata": {"run_id": run_id}}
+
+
+def data_url(path: str) -> str:
+    return "data:image/png;base64," + base64.b64encode(open(path, "rb").read()).decode()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_scenarios_run_the_nodes_they_name(scene, scenario):
+    query = {"question": "What colour is it?", "images": [scene], "options": ["A", "B"]}
+    updates = build(scenario).compile().stream(query, stream_mode="updates")
+    assert [next(iter(u)) for u in updates] == SCENARIOS[scenario][3]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(("scenario", "node"), CASES)
+def test_a_redelivered_run_answers_like_a_fresh_one(scene, scenario, node, asynchronous):
+    query = {"question": "What colour is it?", "images": [data_url(scene)], "options": ["A", "B"]}
+    graph, saver = build(scenario), InMemorySaver()
+    fresh = graph.compile().invoke(query)
+    assert fresh.get("error") is None
+    config = run_config("t", str(uuid.uuid4()))
+    dying = graph.compile(checkpointer=saver, interrupt_before=[node])
+    taking_over = graph.compile(checkpointer=saver)
+    if asynchronous:
+        asyncio.run(dying.ainvoke(query, config))
+        assert dying.get_state(config).next == (node,)
+        again = asyncio.run(taking_over.ainvoke(query, config))
+    else:
+        dying.invoke(query, config)
+        assert dying.get_state(config).next == (node,)
+        again = taking_over.invoke(query, config)
+    assert summary(again) == summary(fresh)
+    # no pixels in any checkpoint of the thread: the data: URL was kept as a blob key
+    for snapshot in taking_over.get_state_history(config):
+        assert "base64" not in repr(snapshot.values)
+
+
+def test_the_input_is_kept_only_until_intake_has_read_it(scene):
+    """Checkpoints before intake hold the input (references only); later ones do not, so a
+    later run on the thread that omits a key cannot inherit it."""
+    graph, saver = build("accepted"), InMemorySaver()
+    app = graph.compile(checkpointer=saver)
+    config = run_config("t", str(uuid.uuid4()))
+    app.invoke({"question": "Colour?", "images": [data_url(scene)], "options": ["A", "B"]}, config)
+    history = list(app.get_state_history(config))
+    before_intake = [s for s in history if s.next == ("intake",)]
+    assert before_intake and before_intake[0].values["images"][0].startswith("blob://")
+    assert "options" not in history[0].values and "images" not in history[0].values
+    later = app.invoke({"question": "And now?", "images": [scene]}, run_config("t", "r2"))
+    assert later.get("error") is None
+    assert app.get_state(config).values["query"]["options"] is None
+
+
+def test_a_run_abandoned_before_intake_leaves_nothing_to_the_next(scene):
+    """A run stopped before intake and never taken over: the next run on the thread (a new
+    run id) does not inherit its options."""
+    graph, saver = build("accepted"), InMemorySaver()
+    dying = graph.compile(checkpointer=saver, interrupt_before=["intake"])
+    dying.invoke(
+        {"question": "Colour?", "images": [scene], "options": ["A", "B"]},
+        run_config("t", str(uuid.uuid4())),
+    )
+    app = graph.compile(checkpointer=saver)
+    config = run_config("t", str(uuid.uuid4()))
+    out = app.invoke({"question": "And now?", "images": [scene]}, config)
+    assert out.get("error") is None and app.get_state(config).values["query"]["options"] is None
+
+
+@pytest.mark.parametrize("node", ["ask", "answer"])
+def test_a_redelivered_chat_turn_is_answered_once(scene, node):
+    graph = create_speceyes_chat_graph(
+        judge=judge("no"), speculator=speculator("A", 9.0), agent=deepeyes_agent()
+    )
+    saver = InMemorySaver()
+    turn = {
+        "messages": [
+            HumanMessage(
+                content=[
+                    {
+                        "type": "image",
+                        "base64": data_url(scene).split(",", 1)[1],
+                        "mime_type": "image/png",
+                    },
+                    {"type": "text", "text": "What colour is it?\nOptions: red, blue"},
+                ]
+            )
+        ]
+    }
+    config = run_config("chat", str(uuid.uuid4()))
+    graph.compile(checkpointer=saver, interrupt_before=[node]).invoke(turn, config)
+    out = graph.compile(checkpointer=saver).invoke(turn, config)
+    kinds = [m.type for m in out["messages"]]
+    assert kinds == ["human", "ai"], kinds  # the turn once, its answer once
