@@ -198,8 +198,11 @@ _LAST_USER: dict[str, str] = {}  # engine fixture -> node id of the last test th
 
 
 def _engine_block(item) -> int:
-    """0: no engine; 1: the session's vLLM servers; 2: vLLM servers of its own; 3: SGLang."""
+    """0: no engine; 1: the session's vLLM servers; 2: vLLM servers of its own; 3: SGLang;
+    4: Aegra instances (each with the demo models in memory)."""
     names = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("aegra"):
+        return 4
     if "vllm_servers" in names:
         return 1
     if "sglang_servers" in names:

@@ -171,7 +171,7 @@ def _declared_bits(im: Image.Image) -> int:
 
 # Bytes per pixel of Pillow's own storage of a mode (multi-band modes take four bytes)
 _PIL_BYTES = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16B": 2, "I;16L": 2, "I;16N": 2}
-_DECODER_STATE = 4 << 20  # row buffers, tables and the like, whatever the size
+_DECODER_STATE = 8 << 20  # row buffers, tables and the like, whatever the size
 # Decoders that hold a whole image of their own besides Pillow's (bytes per pixel)
 _DECODER_BYTES = {
     "JPEG2000": 16,

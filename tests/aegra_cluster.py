@@ -1,0 +1,149 @@
+"""Several Aegra instances over one PostgreSQL and one Redis, as users deploy them.
+
+Aegra (``aegra-api``, ``scripts/setup-aegra.sh``: its own Python 3.12 environment) is the
+open LangGraph server that runs on several hosts: runs go through a Redis job queue to the
+instances' worker loops, each instance heartbeats the leases of the runs it holds, and a
+reaper re-queues the runs of an instance whose leases lapse. Each instance here is its own
+process group on a loopback port, serving the package's graphs on the shipped demo
+checkpoints through one module (``graphs.py`` below: the models are built once per process,
+however many graph ids name them).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+AEGRA = ROOT / ".venv-aegra" / "bin" / "aegra"
+
+GRAPHS = '''"""The graphs Aegra serves, imported once per process."""
+from speceyes_graph.studio import chat_graph, graph  # noqa: F401
+'''
+CONFIG = '{"graphs": {"speceyes": "./graphs.py:graph", "speceyes_chat": "./graphs.py:chat_graph"}}'
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AegraCluster:
+    """``AegraCluster(folder, dsn).start(2)``: Redis, the schema, and N instances."""
+
+    def __init__(self, folder: Path, dsn: str, jobs_per_instance: int = 8):
+        self.folder, self.dsn = Path(folder), dsn
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "graphs.py").write_text(GRAPHS)
+        (self.folder / "aegra.json").write_text(CONFIG)
+        self.redis_port = free_port()
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": dsn,
+            "REDIS_BROKER_ENABLED": "true",
+            "REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
+            "AUTH_TYPE": "noop",
+            "LOG_LEVEL": "WARNING",
+            "RUN_MIGRATIONS_ON_STARTUP": "false",
+            # concurrency per instance is WORKER_COUNT x N_JOBS_PER_WORKER
+            "WORKER_COUNT": "1",
+            "N_JOBS_PER_WORKER": str(jobs_per_instance),
+            # a dead instance's runs are re-queued once its leases lapse: seconds, not minutes
+            "HEARTBEAT_INTERVAL_SECONDS": "2",
+            "LEASE_DURATION_SECONDS": "6",
+            "SPECEYES_BLOB_DIR": str(self.folder / "blobs"),  # shared by the instances
+            "OMP_NUM_THREADS": "1",
+        }
+        self.redis: subprocess.Popen | None = None
+        self.instances: list[tuple[int, subprocess.Popen]] = []
+
+    def start(self, n: int, timeout: float = 600) -> AegraCluster:
+        self.redis = subprocess.Popen(
+            ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        done = subprocess.run(
+            [str(AEGRA), "db", "upgrade"], env=self.env, cwd=self.folder,
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"aegra db upgrade failed:\n{done.stderr[-3000:]}")
+        for _ in range(n):
+            port = free_port()
+            log = open(self.folder / f"aegra-{port}.log", "w")
+            proc = subprocess.Popen(
+                [str(AEGRA), "serve", "--host", "127.0.0.1", "--port", str(port),
+                 "-c", str(self.folder / "aegra.json")],
+                env=self.env, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: a kill takes all of it
+            )  # fmt: skip
+            self.instances.append((port, proc))
+        deadline = time.time() + timeout
+        for port, proc in self.instances:
+            while not self._healthy(port):
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"Aegra on port {port} did not come up:\n{self.log(port)}")
+                time.sleep(1)
+        return self
+
+    def _healthy(self, port: int) -> bool:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return True
+        except Exception:
+            return False
+
+    def url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.instances[i][0]}"
+
+    def log(self, port: int) -> str:
+        return (self.folder / f"aegra-{port}.log").read_text()[-4000:]
+
+    def pids(self, i: int) -> set[int]:
+        """The processes of instance ``i`` (its process group: the CLI and uvicorn)."""
+        group, found = self.instances[i][1].pid, set()
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == group:  # pgrp
+                found.add(int(stat.parent.name))
+        return found
+
+    def held_runs(self, i: int) -> list[str]:
+        """Runs instance ``i`` holds now: running, claimed by one of its worker loops (Aegra
+        names them ``<host>-<pid>-worker-<n>``)."""
+        import psycopg
+
+        marks = tuple(f"-{pid}-worker-" for pid in self.pids(i))
+        with psycopg.connect(self.dsn) as conn:
+            rows = conn.execute(
+                "SELECT run_id, claimed_by FROM runs WHERE status = 'running'"
+            ).fetchall()
+        return [run for run, owner in rows if owner and any(m in owner for m in marks)]
+
+    def kill(self, i: int) -> None:
+        """SIGKILL instance ``i`` and everything it started: no chance to hand runs back."""
+        os.killpg(self.instances[i][1].pid, signal.SIGKILL)
+        self.instances[i][1].wait()
+
+    def stop(self) -> None:
+        for _, proc in self.instances:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for _, proc in self.instances:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        if self.redis is not None:
+            self.redis.terminate()
+            self.redis.wait(timeout=20)
