@@ -22,10 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 AEGRA = ROOT / ".venv-aegra" / "bin" / "aegra"
 
-GRAPHS = '''"""The graphs Aegra serves, imported once per process."""
-from speceyes_graph.studio import chat_graph, graph  # noqa: F401
-'''
-CONFIG = '{"graphs": {"speceyes": "./graphs.py:graph", "speceyes_chat": "./graphs.py:chat_graph"}}'
+SERVE = ROOT / "speceyes_graph" / "serve.py"
+CONFIG = f'{{"graphs": {{"speceyes": "{SERVE}:graph", "speceyes_chat": "{SERVE}:chat_graph"}}}}'
 
 
 def free_port() -> int:
@@ -40,7 +38,6 @@ class AegraCluster:
     def __init__(self, folder: Path, dsn: str, jobs_per_instance: int = 8):
         self.folder, self.dsn = Path(folder), dsn
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / "graphs.py").write_text(GRAPHS)
         (self.folder / "aegra.json").write_text(CONFIG)
         self.redis_port = free_port()
         self.env = {

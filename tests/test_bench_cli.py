@@ -116,12 +116,17 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tiny_models, tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # a pytest-xdist worker ignores SIGINT, and a child inherits that: Python then never
+        # installs its Ctrl-C handler, and the run finished instead of stopping (exit 0)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + 240
     while time.time() < deadline and len(scan_records(out).records) < 2:
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
+    seen = len(scan_records(out).records)
     _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (seen, err[-1500:])  # diagnostics if it ran to the end
     assert proc.returncode == 130 and "rerun the same command to resume" in err
     assert "Traceback" not in err
     kept = len(read_records(out))

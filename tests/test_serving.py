@@ -416,3 +416,33 @@ def test_the_servers_context_length_bounds_the_question(scene4k):
     assert not any("very very" in texts(r) for r in server.requests)  # no model call
     assert long["error"] and "accepts at most 1024" in long["error"] and long["answer"] is None
     assert short["error"] is None and short["route"] == "speculative"
+
+
+def test_servers_loading_serve_py_per_graph_id_build_the_graphs_once():
+    """langgraph.json names speceyes_graph/serve.py for each graph id, and a server executes
+    that file once per id: the graphs (and the models behind them) must come out the same
+    objects, built once per process."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    paths = {
+        g["path"].split(":")[0]
+        for g in json.loads((root / "langgraph.json").read_text())["graphs"].values()
+    }
+    assert paths == {"./speceyes_graph/serve.py"}
+    code = (
+        "import runpy, sys\n"
+        f"a = runpy.run_path({str(root / 'speceyes_graph/serve.py')!r})\n"
+        f"b = runpy.run_path({str(root / 'speceyes_graph/serve.py')!r})\n"
+        "assert a['graph'] is b['graph'] and a['chat_graph'] is b['chat_graph']\n"
+        "print('once')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "SPECEYES_MODELS": "example"},
+    )  # fmt: skip
+    assert done.returncode == 0 and "once" in done.stdout, done.stderr[-2000:]

@@ -1,0 +1,11 @@
+"""The graphs a server loads by file path (``langgraph.json``, ``aegra.json``).
+
+``langgraph dev``, LangGraph Platform and Aegra execute the file a graph id names once per
+graph id. This file only imports the graphs from :mod:`speceyes_graph.studio` (a module,
+imported once per process), so the models behind them are built once however many graph
+ids name it; naming ``studio.py`` itself would build them once per graph id.
+"""
+
+from speceyes_graph.studio import chat_graph, example_graph, graph
+
+__all__ = ["chat_graph", "example_graph", "graph"]
