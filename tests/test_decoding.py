@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image, ImageFile
-from test_orientation import save_tiff, save_with_orientation
+from test_orientation import exif_after_pixels, save_tiff, save_with_orientation
 
 from speceyes_tools import ImageLoadError, load_image
 from speceyes_tools.codec import decode_image, read_header
@@ -83,15 +83,8 @@ def formats_of(folder: Path, sources: list[str]) -> list[str]:
         if kind == 0:
             out.append(save_with_orientation(folder / f"{i}.jpg", upright, 6, "JPEG"))
         elif kind == 1:
-            path = save_with_orientation(folder / f"{i}.png", upright, 6, "PNG")
-            data = open(path, "rb").read()
-            start = data.index(b"eXIf") - 4
-            length = int.from_bytes(data[start : start + 4], "big")
-            chunk = data[start : start + 12 + length]
-            rest = data[:start] + data[start + 12 + length :]
-            end = rest.index(b"IEND") - 4
-            Path(path).write_bytes(rest[:end] + chunk + rest[end:])
-            out.append(path)
+            png = save_with_orientation(folder / f"{i}.png", upright, 6, "PNG")
+            out.append(exif_after_pixels(png))
         elif kind == 2:
             out.append(save_tiff(folder / f"{i}.tif", upright, 8, "tiff_lzw"))
         else:

@@ -29,20 +29,22 @@ def upright_scene() -> np.ndarray:
     return arr
 
 
+# the inverse of each orientation's transform (6 and 8 are each other's inverse)
+_INVERSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_90,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_270,
+}
+
+
 def save_with_orientation(path, displayed: np.ndarray, orientation: int, fmt: str = "JPEG"):
     """Store ``displayed`` as a camera would: raw pixels that ``orientation`` turns upright."""
     pil = Image.fromarray(displayed)
-    # the inverse of each orientation's transform (6 and 8 are each other's inverse)
-    inverse = {
-        2: Image.Transpose.FLIP_LEFT_RIGHT,
-        3: Image.Transpose.ROTATE_180,
-        4: Image.Transpose.FLIP_TOP_BOTTOM,
-        5: Image.Transpose.TRANSPOSE,
-        6: Image.Transpose.ROTATE_90,
-        7: Image.Transpose.TRANSVERSE,
-        8: Image.Transpose.ROTATE_270,
-    }
-    stored = pil.transpose(inverse[orientation]) if orientation in inverse else pil
+    stored = pil.transpose(_INVERSE[orientation]) if orientation in _INVERSE else pil
     exif = Image.Exif()
     exif[0x0112] = orientation
     extra = {"quality": 95} if fmt == "JPEG" else {}
@@ -178,17 +180,6 @@ def save_tiff(path, displayed: np.ndarray, orientation: int, compression: str, p
     return str(path)
 
 
-_INVERSE = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_90,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_270,
-}
-
-
 def pil_upright(path) -> np.ndarray:
     """What viewers show: Pillow's own exif_transpose of the first frame."""
     with Image.open(path) as im:
@@ -254,19 +245,26 @@ def test_a_portrait_tiff_is_upright_in_every_path(tmp_path):
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")), store.get(path))
 
 
-def test_a_png_whose_exif_follows_the_pixels_is_turned_without_a_second_decode(tmp_path):
-    """PNG allows the eXIf chunk after the image data; Pillow then finds it only by decoding
-    the whole image. The header walk finds it in the chunk list."""
-    path = save_with_orientation(tmp_path / "late.png", upright_scene(), 6, "PNG")
+def exif_after_pixels(path: str) -> str:
+    """Move a PNG file's eXIf chunk behind its IDAT chunks (as some tools write it)."""
     data = open(path, "rb").read()
-    # move the eXIf chunk behind the IDAT chunks
     start = data.index(b"eXIf") - 4
     length = int.from_bytes(data[start : start + 4], "big")
     chunk = data[start : start + 12 + length]
     rest = data[:start] + data[start + 12 + length :]
     end = rest.index(b"IEND") - 4
-    late = rest[:end] + chunk + rest[end:]
-    (tmp_path / "late.png").write_bytes(late)
+    with open(path, "wb") as f:
+        f.write(rest[:end] + chunk + rest[end:])
+    return path
+
+
+def test_a_png_whose_exif_follows_the_pixels_is_turned_without_a_second_decode(tmp_path):
+    """PNG allows the eXIf chunk after the image data; Pillow then finds it only by decoding
+    the whole image. The header walk finds it in the chunk list."""
+    path = exif_after_pixels(
+        save_with_orientation(tmp_path / "late.png", upright_scene(), 6, "PNG")
+    )
+    late = open(path, "rb").read()
     with Image.open(io.BytesIO(late)) as im:
         assert "exif" not in im.info  # Pillow has not seen it from the header
     assert exif_orientation(late) == 6
