@@ -23,6 +23,15 @@ ROOT = Path(__file__).resolve().parent.parent
 AEGRA = ROOT / ".venv-aegra" / "bin" / "aegra"
 
 SERVE = ROOT / "speceyes_graph" / "serve.py"
+LANGGRAPH_TABLES = """
+import sys
+from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.store.postgres import PostgresStore
+with PostgresSaver.from_conn_string(sys.argv[1]) as saver:
+    saver.setup()
+with PostgresStore.from_conn_string(sys.argv[1]) as store:
+    store.setup()
+"""
 CONFIG = f'{{"graphs": {{"speceyes": "{SERVE}:graph", "speceyes_chat": "{SERVE}:chat_graph"}}}}'
 
 
@@ -72,6 +81,16 @@ class AegraCluster:
         )  # fmt: skip
         if done.returncode != 0:
             raise RuntimeError(f"aegra db upgrade failed:\n{done.stderr[-3000:]}")
+        # Each instance's start-up also runs LangGraph's own checkpoint and store migrations;
+        # two instances starting together race on Postgres' catalogue (UniqueViolation on
+        # "checkpoint_writes", seen in CI), so run them once first: the instances then find
+        # them applied.
+        done = subprocess.run(
+            [str(AEGRA.parent / "python"), "-c", LANGGRAPH_TABLES, self.dsn],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"LangGraph table setup failed:\n{done.stderr[-3000:]}")
         for _ in range(n):
             port = free_port()
             log = open(self.folder / f"aegra-{port}.log", "w")
