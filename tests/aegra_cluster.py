@@ -63,11 +63,17 @@ class AegraCluster:
             # a dead instance's runs are re-queued once its leases lapse: seconds, not minutes
             "HEARTBEAT_INTERVAL_SECONDS": "2",
             "LEASE_DURATION_SECONDS": "6",
-            "SPECEYES_BLOB_DIR": str(self.folder / "blobs"),  # shared by the instances
+            "REAPER_INTERVAL_SECONDS": "5",
+            # a run created on an instance that died before queueing it (120 s by default)
+            "STUCK_PENDING_THRESHOLD_SECONDS": "30",
+            # pasted images, shared by the instances: a chat's follow-up that another
+            # instance runs finds the thread's image there
+            "SPECEYES_BLOB_URL": dsn,
             "OMP_NUM_THREADS": "1",
         }
         self.redis: subprocess.Popen | None = None
         self.instances: list[tuple[int, subprocess.Popen]] = []
+        self.instance_pids: list[set[int]] = []  # as started: a killed one's too
 
     def start(self, n: int, timeout: float = 600) -> AegraCluster:
         self.redis = subprocess.Popen(
@@ -107,6 +113,7 @@ class AegraCluster:
                 if proc.poll() is not None or time.time() > deadline:
                     raise RuntimeError(f"Aegra on port {port} did not come up:\n{self.log(port)}")
                 time.sleep(1)
+        self.instance_pids = [self.pids(i) for i in range(n)]
         return self
 
     def _healthy(self, port: int) -> bool:
@@ -134,17 +141,25 @@ class AegraCluster:
                 found.add(int(stat.parent.name))
         return found
 
-    def held_runs(self, i: int) -> list[str]:
-        """Runs instance ``i`` holds now: running, claimed by one of its worker loops (Aegra
-        names them ``<host>-<pid>-worker-<n>``)."""
+    def running(self) -> dict[str, int]:
+        """Runs running now, and the instance whose worker loop holds each (Aegra names
+        them ``<host>-<pid>-worker-<n>``; the name is cleared when the run ends)."""
         import psycopg
 
-        marks = tuple(f"-{pid}-worker-" for pid in self.pids(i))
         with psycopg.connect(self.dsn) as conn:
             rows = conn.execute(
                 "SELECT run_id, claimed_by FROM runs WHERE status = 'running'"
             ).fetchall()
-        return [run for run, owner in rows if owner and any(m in owner for m in marks)]
+        found = {}
+        for run, owner in rows:
+            for i, pids in enumerate(self.instance_pids):
+                if owner and any(f"-{pid}-worker-" in owner for pid in pids):
+                    found[str(run)] = i
+        return found
+
+    def held_runs(self, i: int) -> list[str]:
+        """Runs instance ``i`` holds now."""
+        return [run for run, owner in self.running().items() if owner == i]
 
     def kill(self, i: int) -> None:
         """SIGKILL instance ``i`` and everything it started: no chance to hand runs back."""

@@ -21,7 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-pytestmark = pytest.mark.aegra
+pytestmark = [
+    pytest.mark.aegra,
+    # the SDK warns as it reconnects a join whose instance died; the test fails over itself
+    pytest.mark.filterwarnings("ignore:Request failed, attempting reconnect:UserWarning"),
+]
 
 THREADS, RUNS_PER_THREAD = 50, 4  # 200 runs
 
@@ -38,9 +42,12 @@ def cluster(postgres, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def queries_and_answers(demo_local, tmp_path_factory):
-    """Demo queries as data: URLs, and what graph.invoke answers on the same models."""
+def plan(demo_local, tmp_path_factory) -> list[list[tuple[str, dict, str]]]:
+    """Each thread's turns: (graph id, input, the answer graph.invoke gives on the same
+    models). Even threads ask the plain graph; odd ones are chats whose first turn pastes an
+    image and whose follow-ups ask about it in text alone."""
     from speceyes_graph import create_speceyes_graph
+    from speceyes_graph.compose import _spelled_out
     from speceyes_graph.demo import DEMO_GRAPH_SETTINGS, demo_queries
 
     folder = tmp_path_factory.mktemp("aegra-queries")
@@ -54,16 +61,39 @@ def queries_and_answers(demo_local, tmp_path_factory):
         }
         for q in demo_queries(folder, 24, micro_share=0.0)
     ]
+    turns = []  # (thread, graph id, input, the query as graph.invoke is asked it)
+    for t in range(THREADS):
+        first = queries[t * RUNS_PER_THREAD % len(queries)]
+        for r in range(RUNS_PER_THREAD):
+            q = queries[(t * RUNS_PER_THREAD + r) % len(queries)]
+            if t % 2 == 0:
+                turns.append((t, "speceyes", q, q))
+            else:
+                message = chat_message(q, with_image=r == 0)
+                asked = {**q, "images": first["images"]}
+                turns.append((t, "speceyes_chat", {"messages": [message]}, asked))
+    asked = {}
+    for *_, q in turns:
+        asked.setdefault((q["question"], q["images"][0], tuple(q["options"])), q)
     graph = create_speceyes_graph(
         speculator=demo_local["small"], agent=demo_local["large"], **DEMO_GRAPH_SETTINGS
     ).compile()
-    outs = graph.batch(queries, {"max_concurrency": 24})
-    return queries, [o["answer"] for o in outs]
+    outs = graph.batch(list(asked.values()), {"max_concurrency": 24})
+    answers = dict(zip(asked, (o["answer"] for o in outs), strict=True))
+    threads: list[list[tuple[str, dict, str]]] = [[] for _ in range(THREADS)]
+    for t, graph_id, payload, q in turns:
+        answer = answers[(q["question"], q["images"][0], tuple(q["options"]))]
+        if graph_id == "speceyes_chat":
+            answer = _spelled_out(answer, q["options"])
+        threads[t].append((graph_id, payload, answer))
+    return threads
 
 
-def chat_message(query: dict) -> dict:
+def chat_message(query: dict, with_image: bool = True) -> dict:
     """A query as a chat user types it: the question, an Options: line, the image."""
     text = query["question"] + "\nOptions: " + "; ".join(query["options"])
+    if not with_image:
+        return {"role": "user", "content": text}
     return {
         "role": "user",
         "content": [
@@ -73,32 +103,79 @@ def chat_message(query: dict) -> dict:
     }
 
 
-def drive(url: str, queries, answers, on_progress=None) -> list[dict]:
-    """THREADS threads (even ones on the plain graph, odd ones chats), RUNS_PER_THREAD runs
-    each, in order; one result per run. A chat thread must hold each turn once, in order."""
-    from langgraph_sdk import get_sync_client
+class Failover:
+    """A client of the instances in turn: a call that fails on the connection (the instance
+    died, or dropped the request) goes to the next instance. What the docs tell users to do."""
 
-    from speceyes_graph.compose import _spelled_out
+    def __init__(self, urls: list[str]):
+        from langgraph_sdk import get_sync_client
 
-    client = get_sync_client(url=url)
+        self.clients = [get_sync_client(url=u) for u in urls]
+        self.failovers = 0  # calls that failed on the connection
+        self.found = 0  # create calls that failed, yet had made their run
+
+    def _next_instance(self) -> None:
+        self.clients.append(self.clients.pop(0))
+        self.failovers += 1
+
+    def __call__(self, call):
+        import httpx
+
+        for _ in range(len(self.clients)):
+            try:
+                return call(self.clients[0])
+            except httpx.TransportError:
+                self._next_instance()
+        return call(self.clients[0])
+
+    def create_turn(
+        self, thread_id: str, graph: str, payload: dict, sent_before: int, settle_s: float = 5
+    ) -> dict:
+        """Create a thread's next run once. A create call that failed after it was sent may
+        have made its run all the same, and the server may still be making it (measured: the
+        run shows in the thread's list about half a second after a client gave up reading).
+        The client orders its thread's turns itself (Aegra ignores ``multitask_strategy``),
+        so the thread holds ``sent_before`` runs unless that call made one: list them for
+        ``settle_s`` seconds before sending it again. A call that never connected made none."""
+        import httpx
+
+        try:
+            return self.clients[0].runs.create(thread_id, graph, input=payload)
+        except httpx.ConnectError:
+            self._next_instance()
+            return self(lambda c: c.runs.create(thread_id, graph, input=payload))
+        except httpx.TransportError:
+            self._next_instance()
+        deadline = time.monotonic() + settle_s
+        while True:
+            runs = self(lambda c: c.runs.list(thread_id, limit=100))
+            if len(runs) > sent_before:
+                self.found += 1
+                return max(runs, key=lambda run: run["created_at"])
+            if time.monotonic() > deadline:
+                return self(lambda c: c.runs.create(thread_id, graph, input=payload))
+            time.sleep(0.25)
+
+
+def drive(urls: list[str], plan, on_progress=None, running=None) -> tuple[list[dict], dict]:
+    """Every thread of the plan at once, its turns in order; one result per run. Thread pairs
+    start on the instances in turn. A chat thread must hold each turn once, in order; every
+    thread must hold exactly its runs. ``running()`` (run id -> instance) is sampled meanwhile."""
     results: list[dict] = []
-    lock = threading.Lock()
+    counts = {"failovers": 0, "found_after_failed_create": 0, "runs_per_thread": set()}
+    ran_on: dict[str, int] = {}
+    lock, finished = threading.Lock(), threading.Event()
 
     def conversation(t: int) -> None:
-        chat = t % 2 == 1
-        thread = client.threads.create()
-        for r in range(RUNS_PER_THREAD):
-            i = (t * RUNS_PER_THREAD + r) % len(queries)
-            if chat:
-                graph, payload = "speceyes_chat", {"messages": [chat_message(queries[i])]}
-                expected = _spelled_out(answers[i], queries[i]["options"])
-            else:
-                graph, payload, expected = "speceyes", queries[i], answers[i]
-            run = client.runs.create(thread["thread_id"], graph, input=payload)
-            client.runs.join(thread["thread_id"], run["run_id"])
-            final = client.runs.get(thread["thread_id"], run["run_id"])
-            values = client.threads.get_state(thread["thread_id"])["values"]
-            if chat:
+        home = (t // 2) % len(urls)
+        client = Failover(urls[home:] + urls[:home])
+        tid = client(lambda c: c.threads.create())["thread_id"]
+        for r, (graph, payload, expected) in enumerate(plan[t]):
+            run_id = client.create_turn(tid, graph, payload, sent_before=r)["run_id"]
+            client(lambda c, run_id=run_id: c.runs.join(tid, run_id))
+            final = client(lambda c, run_id=run_id: c.runs.get(tid, run_id))
+            values = client(lambda c: c.threads.get_state(tid))["values"]
+            if graph == "speceyes_chat":
                 messages = values.get("messages") or []
                 kinds = [m["type"] for m in messages]
                 in_order = kinds == ["human", "ai"] * (r + 1)
@@ -108,8 +185,10 @@ def drive(url: str, queries, answers, on_progress=None) -> list[dict]:
             with lock:
                 results.append(
                     {
-                        "thread": thread["thread_id"],
-                        "run": run["run_id"],
+                        "thread": tid,
+                        "turn": r,
+                        "chat": graph == "speceyes_chat",
+                        "run": run_id,
                         "status": final["status"],
                         "answer": answer,
                         "expected": expected,
@@ -118,10 +197,42 @@ def drive(url: str, queries, answers, on_progress=None) -> list[dict]:
                 )
                 if on_progress:
                     on_progress(len(results))
+        held = len(client(lambda c: c.runs.list(tid, limit=100)))
+        with lock:
+            counts["failovers"] += client.failovers
+            counts["found_after_failed_create"] += client.found
+            counts["runs_per_thread"].add(held)
 
-    with ThreadPoolExecutor(THREADS) as pool:
-        list(pool.map(conversation, range(THREADS)))
-    return results
+    def sample() -> None:
+        while running and not finished.wait(0.2):
+            try:
+                ran_on.update(running())
+            except Exception:  # the database is busy: the next sample will do
+                pass
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    with ThreadPoolExecutor(len(plan)) as pool:
+        list(pool.map(conversation, range(len(plan))))
+    finished.set()
+    sampler.join()
+    for r in results:
+        r["instance"] = ran_on.get(r["run"])
+    return results, counts
+
+
+def follow_ups_elsewhere(results: list[dict]) -> int:
+    """Chat follow-ups (text only) seen running on another instance than their thread's
+    image turn: they found the image in the shared blob store."""
+    first = {r["thread"]: r["instance"] for r in results if r["chat"] and r["turn"] == 0}
+    return sum(
+        1
+        for r in results
+        if r["chat"]
+        and r["turn"] > 0
+        and None not in (r["instance"], first[r["thread"]])
+        and r["instance"] != first[r["thread"]]
+    )
 
 
 def check(results: list[dict]) -> None:
@@ -132,18 +243,27 @@ def check(results: list[dict]) -> None:
     assert all(r["turns_in_order"] for r in results)
 
 
-def test_runs_over_two_instances_answer_as_graph_invoke(cluster, queries_and_answers):
-    queries, answers = queries_and_answers
+def check_counts(counts: dict) -> None:
+    assert counts["runs_per_thread"] == {RUNS_PER_THREAD}, counts  # no turn sent twice
+
+
+def test_runs_over_two_instances_answer_as_graph_invoke(cluster, plan):
     t0 = time.time()
-    results = drive(cluster.url(0), queries, answers)
-    print(f"aegra: {len(results)} runs over {THREADS} threads in {time.time() - t0:.0f} s")
+    results, counts = drive([cluster.url(0), cluster.url(1)], plan, running=cluster.running)
+    elsewhere = follow_ups_elsewhere(results)
+    print(
+        f"aegra: {len(results)} runs over {THREADS} threads in {time.time() - t0:.0f} s; "
+        f"{elsewhere} chat follow-ups seen running on another instance than their image turn"
+    )
     check(results)
+    check_counts(counts)
+    assert counts["failovers"] == 0
+    assert elsewhere >= 3  # and answered from the image another instance stored
 
 
-def test_runs_held_by_a_killed_instance_are_finished_by_the_other(cluster, queries_and_answers):
+def test_runs_held_by_a_killed_instance_are_finished_by_the_other(cluster, plan):
     from langgraph_sdk import get_sync_client
 
-    queries, answers = queries_and_answers
     killed: dict = {}
 
     def kill_once(done: int) -> None:
@@ -154,19 +274,46 @@ def test_runs_held_by_a_killed_instance_are_finished_by_the_other(cluster, queri
             killed.update(at=time.time(), done=done, held=held)
             cluster.kill(1)
 
-    results = drive(cluster.url(0), queries, answers, on_progress=kill_once)
+    # half the threads talk to instance 1: their calls in flight when it dies fail on the
+    # connection, and they go on through instance 0
+    results, counts = drive([cluster.url(0), cluster.url(1)], plan, on_progress=kill_once)
     assert killed, "instance 1 never held a run when checked"
     ended = time.time()
     held = set(killed["held"])
     print(
         f"aegra: instance 1 killed after {killed['done']} of {len(results)} runs, holding "
-        f"{len(held)}; all runs ended {ended - killed['at']:.0f} s later"
+        f"{len(held)}; all runs ended {ended - killed['at']:.0f} s later; clients failed "
+        f"over {counts['failovers']} times, {counts['found_after_failed_create']} lost create "
+        f"calls had made their run"
     )
     assert held <= {r["run"] for r in results}
     check(results)
+    check_counts(counts)
+    assert counts["failovers"] > 0  # clients of instance 1 saw it die
     # each run the dead instance held finished once: one final checkpoint for its run id
     client = get_sync_client(url=cluster.url(0))
     for r in (r for r in results if r["run"] in held):
         history = client.threads.get_history(r["thread"], limit=200)
         finals = [c for c in history if not c["next"] and c["metadata"].get("run_id") == r["run"]]
         assert len(finals) == 1, (r["run"], len(finals))
+
+
+def test_a_create_call_lost_on_the_connection_is_not_sent_again(cluster, plan):
+    """The server took the create call but the reply never came (here: the client stops
+    reading at once). The client lists the thread's runs, finds the run, and joins it."""
+    import httpx
+    from langgraph_sdk import get_sync_client
+
+    graph_id, payload, expected = plan[0][0]
+    client = Failover([cluster.url(0)])
+    impatient = get_sync_client(
+        url=cluster.url(0), timeout=httpx.Timeout(10, read=0.001)
+    )  # the SDK's own client, as the failover's first try, with no time to read the reply
+    tid = client(lambda c: c.threads.create())["thread_id"]
+    client.clients.insert(0, impatient)
+    run_id = client.create_turn(tid, graph_id, payload, sent_before=0)["run_id"]
+    assert client.failovers == 1 and client.found == 1  # the lost call had made the run
+    client(lambda c: c.runs.join(tid, run_id))
+    runs = client(lambda c: c.runs.list(tid))
+    assert [r["run_id"] for r in runs] == [run_id]
+    assert client(lambda c: c.threads.get_state(tid))["values"]["answer"] == expected
