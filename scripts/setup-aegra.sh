@@ -25,7 +25,7 @@ say() { echo "setup-aegra: $*"; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 fingerprint() { cat pyproject.toml scripts/setup-aegra.sh scripts/uv.sh | sha256sum | cut -d' ' -f1; }
 works() {
-  "$VPY" -c "import aegra_api, speceyes_graph, torch" >/dev/null 2>&1 \
+  "$VPY" -c "import aegra_api, speceyes_graph, torch, langchain_openai" >/dev/null 2>&1 \
     && command -v redis-server >/dev/null 2>&1
 }
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(fingerprint)" ] && works; then
@@ -55,8 +55,8 @@ if [ ! -x "$VPY" ]; then
   say "creating $VENV from $PY"
   "$PY" -m venv "$VENV"
 fi
-say "installing ${AEGRA[*]}, ${TORCH[*]} and this package"
-"$(uv_for "$VPY")" pip install -q --python "$VPY" "${AEGRA[@]}" "${TORCH[@]}" -e .
+say "installing ${AEGRA[*]}, ${TORCH[*]} and this package (with the openai and postgres extras: served models, shared image blobs)"
+"$(uv_for "$VPY")" pip install -q --python "$VPY" "${AEGRA[@]}" "${TORCH[@]}" -e ".[openai,postgres]"
 works || { say "Aegra or this package does not import in $VENV; see the messages above" >&2; exit 1; }
 fingerprint > "$STAMP"
 say "done: aegra-api $("$VPY" -c 'import importlib.metadata as m; print(m.version("aegra-api"))') in $VENV"

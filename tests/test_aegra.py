@@ -317,3 +317,28 @@ def test_a_create_call_lost_on_the_connection_is_not_sent_again(cluster, plan):
     runs = client(lambda c: c.runs.list(tid))
     assert [r["run_id"] for r in runs] == [run_id]
     assert client(lambda c: c.threads.get_state(tid))["values"]["answer"] == expected
+
+
+def test_the_chat_answer_streams_on_messages_tuple(cluster, plan):
+    """A chat client's ``messages-tuple`` stream carries the answer, and only it (the graph's
+    own model calls are not streamed), on Aegra as on ``langgraph dev``; Aegra labels the
+    chunk ``AIMessageChunk`` where ``langgraph dev`` says ``ai``."""
+    from langgraph_sdk import get_sync_client
+
+    client = get_sync_client(url=cluster.url(0))
+    graph_id, payload, expected = plan[1][0]
+    tid = client.threads.create()["thread_id"]
+    chunks = list(
+        client.runs.stream(
+            tid,
+            graph_id,
+            input=payload,
+            stream_mode=["messages-tuple", "updates"],
+            stream_subgraphs=True,
+        )
+    )
+    messages = [c.data[0] for c in chunks if c.event.startswith("messages")]
+    assert [(m["type"], m["content"]) for m in messages] == [("AIMessageChunk", expected)]
+    assert any(c.event.startswith("updates|") for c in chunks)  # subgraphs' steps too
+    # the streamed chunk is the thread's answer message: clients merge the two by id
+    assert client.threads.get_state(tid)["values"]["messages"][-1]["id"] == messages[0]["id"]
