@@ -12,12 +12,16 @@ demo queries through three setups, ``--in-flight`` runs at a time:
 - ``aegra``: two Aegra instances over PostgreSQL and Redis (``bash scripts/setup-aegra.sh``;
   ``WORKER_COUNT=1``, ``N_JOBS_PER_WORKER`` = in-flight / 2 each), clients split between them.
 
-Meanwhile it samples each vLLM server's ``vllm:num_requests_running`` gauge (requests in the
-engine's running batch) every 50 ms and prints, per setup and server, the batch sizes seen
-while the server was busy (mean, median, 90th percentile, max) beside throughput. Prints,
-asserts nothing.
+From each vLLM server's own counters before and after (``/metrics``) it prints, per setup
+and server, the mean batch per engine step (tokens generated / engine steps: each request in
+a step's batch generates one token; exact, not sampled) and the mean number of requests
+running over the wall time, beside throughput and where
+the machine's CPU went (per process group: vLLM, the LangGraph server, Postgres + Redis, the
+rest). Prints, asserts nothing.
 
-Usage: python scripts/bench_serving.py [--runs 128] [--in-flight 64] [--setups local,dev,aegra]
+The setups run in turn, ``--rounds`` times (the figures of one round vary a lot on a small
+machine). Usage: python scripts/bench_serving.py [--runs 128] [--in-flight 64] [--rounds 3]
+    [--setups local,dev,aegra]
 """
 
 from __future__ import annotations
@@ -26,65 +30,116 @@ import argparse
 import asyncio
 import base64
 import os
-import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the tests' launchers: Postgres, the Aegra cluster
 
-RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\}\s+([0-9.eE+-]+)", re.M)
+TICK = os.sysconf("SC_CLK_TCK")
+# one event loop for every local round: the model clients keep their connection pools on it
+LOOP = asyncio.new_event_loop()
 
 
-class BatchSampler:
-    """Polls the servers' running-batch gauge in a thread while a setup runs."""
+def cpu_by_group() -> tuple[dict[int | str, float], float, float]:
+    """CPU seconds so far of every process group (with their waited-for children) and of
+    every user name's processes (``"user:postgres"``: Postgres puts each backend in a group
+    of its own), and the machine's busy and total seconds (all cores) from /proc/stat."""
+    import pwd
 
-    def __init__(self, urls: dict[str, str], every_s: float = 0.05):
-        self.urls, self.every_s = urls, every_s
-        self.samples: dict[str, list[float]] = {name: [] for name in urls}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    groups: dict[int | str, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            user = "user:" + pwd.getpwuid(stat.stat().st_uid).pw_name
+        except (OSError, KeyError):
+            continue
+        pgrp, used = int(fields[2]), sum(int(f) for f in fields[11:15]) / TICK  # utime..cstime
+        groups[pgrp] = groups.get(pgrp, 0.0) + used
+        groups[user] = groups.get(user, 0.0) + used
+    cpu = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = cpu[3] + cpu[4]
+    return groups, (sum(cpu) - idle) / TICK, sum(cpu) / TICK
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            for name, url in self.urls.items():
-                try:
-                    text = urllib.request.urlopen(url + "/metrics", timeout=2).read().decode()
-                except OSError:
-                    continue
-                found = RUNNING.findall(text)
-                if found:
-                    self.samples[name].append(sum(float(v) for v in found))
 
-    def __enter__(self) -> BatchSampler:
-        self._thread.start()
+class CpuAccount:
+    """Where the machine's CPU went during a setup: per named process group, the rest."""
+
+    def __init__(self, named: dict[str, list[int | str]]):
+        self.named = named  # label -> process group ids or "user:NAME"
+
+    def __enter__(self) -> CpuAccount:
+        self.before = cpu_by_group()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        after = cpu_by_group()
+        (g0, busy0, total0), (g1, busy1, total1) = self.before, after
+        self.busy_s, self.share = busy1 - busy0, (busy1 - busy0) / max(total1 - total0, 1e-9)
+        self.by_label = {
+            label: sum(g1.get(g, 0.0) - g0.get(g, 0.0) for g in ids)
+            for label, ids in self.named.items()
+        }
+        self.by_label["everything else"] = self.busy_s - sum(self.by_label.values())
 
-    def summary(self) -> dict[str, str]:
-        out = {}
-        for name, values in self.samples.items():
-            busy = sorted(v for v in values if v > 0)
-            if not busy:
-                out[name] = "never busy"
-                continue
-            p90 = busy[int(0.9 * (len(busy) - 1))]
-            out[name] = (
-                f"mean {statistics.fmean(busy):5.1f}  median {statistics.median(busy):4.0f}  "
-                f"p90 {p90:4.0f}  max {busy[-1]:4.0f}  ({len(busy)} busy samples)"
+    def line(self) -> str:
+        parts = ", ".join(f"{label} {sec:.0f} s" for label, sec in self.by_label.items())
+        return f"CPU {self.busy_s:.0f} s, machine {100 * self.share:.0f}% busy: {parts}"
+
+
+def engine_counters(url: str) -> dict[str, float]:
+    """vLLM's own counters (``/metrics``), summed over their labels: engine steps, tokens
+    generated (one per request in each step's batch), requests finished, and seconds
+    requests spent in the running batch."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    wanted = {
+        "steps": "vllm:iteration_tokens_total_count",
+        "tokens": "vllm:generation_tokens_total",
+        "requests": "vllm:request_success_total",
+        "running_s": "vllm:request_inference_time_seconds_sum",
+    }
+    out = dict.fromkeys(wanted, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        for key, metric in wanted.items():
+            if name == metric:
+                out[key] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+class BatchCounter:
+    """What each server did during a setup, from the difference of its counters: the mean
+    batch per engine step (tokens generated / steps: each request in a step's batch
+    generates one token) and the mean number of requests running over the wall time."""
+
+    def __init__(self, urls: dict[str, str]):
+        self.urls = urls
+
+    def __enter__(self) -> BatchCounter:
+        self.before = {name: engine_counters(url) for name, url in self.urls.items()}
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = time.perf_counter() - self.t0
+        self.lines = {}
+        for name, url in self.urls.items():
+            after = engine_counters(url)
+            d = {k: after[k] - self.before[name][k] for k in after}
+            per_step = d["tokens"] / d["steps"] if d["steps"] else 0.0
+            self.lines[name] = (
+                f"{d['requests']:5.0f} requests in {d['steps']:5.0f} engine steps: "
+                f"{per_step:5.1f} requests per step; {d['running_s'] / wall:5.1f} running on "
+                f"average over the wall time"
             )
-        return out
 
 
 def demo_inputs(n: int, folder: Path) -> list[dict]:
@@ -119,11 +174,8 @@ def through_sdk(urls: list[str], inputs: list[dict], in_flight: int) -> list[str
         return list(pool.map(one, range(len(inputs))))
 
 
-def run_local(inputs: list[dict], in_flight: int) -> list[str | None]:
-    from speceyes_graph.studio import make_graph
-
-    graph = make_graph()
-    outs = asyncio.run(graph.abatch(inputs, {"max_concurrency": in_flight}))
+def run_local(graph, inputs: list[dict], in_flight: int) -> list[str | None]:
+    outs = LOOP.run_until_complete(graph.abatch(inputs, {"max_concurrency": in_flight}))
     return [o.get("answer") for o in outs]
 
 
@@ -150,11 +202,45 @@ def start_dev(folder: Path, in_flight: int) -> tuple[str, subprocess.Popen]:
     raise RuntimeError(f"langgraph dev did not start:\n{(folder / 'dev.log').read_text()[-3000:]}")
 
 
+def start_setup(
+    setup: str, inputs: list[dict], in_flight: int, folder: Path, cleanup: ExitStack
+) -> tuple[Callable[[], list], dict[str, list[int | str]]]:
+    """Start what a setup needs (stopped by ``cleanup``); returns how to run the load on it
+    and the process groups it adds."""
+    if setup == "local":
+        from speceyes_graph.studio import make_graph
+
+        graph = make_graph()
+        return lambda: run_local(graph, inputs, in_flight), {"graph (this process)": [os.getpgrp()]}
+    if setup == "dev":
+        url, proc = start_dev(folder, in_flight)
+        cleanup.callback(os.killpg, proc.pid, signal.SIGTERM)
+        return lambda: through_sdk([url], inputs, in_flight), {"langgraph dev": [proc.pid]}
+    if setup == "aegra":
+        from aegra_cluster import AegraCluster
+        from postgres_server import PostgresServer
+
+        pg = PostgresServer(tempfile.mkdtemp(prefix="bench-serving-pg-")).start()
+        cleanup.callback(pg.stop)
+        cluster = AegraCluster(
+            folder / "aegra", pg.create_database("aegra"), jobs_per_instance=max(1, in_flight // 2)
+        ).start(2)
+        cleanup.callback(cluster.stop)
+        urls = [cluster.url(0), cluster.url(1)]
+        groups: dict[str, list[int | str]] = {
+            "Aegra instances": [proc.pid for _, proc in cluster.instances],
+            "Postgres + Redis": ["user:postgres", cluster.redis.pid],
+        }
+        return lambda: through_sdk(urls, inputs, in_flight), groups
+    raise SystemExit(f"unknown setup {setup!r}: local, dev or aegra")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=128)
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--setups", default="local,dev,aegra")
+    parser.add_argument("--rounds", type=int, default=3, help="each setup in turn, this often")
     args = parser.parse_args()
 
     from speceyes_graph.demo import demo_checkpoints
@@ -171,56 +257,29 @@ def main() -> None:
         SPECEYES_LARGE_URL=servers[1].url, SPECEYES_LARGE_MODEL="large",
         SPECEYES_BLOB_DIR=str(folder / "blobs"), LANGSMITH_TRACING="false",
     )  # fmt: skip
-    results: dict[str, tuple[float, list, dict]] = {}
+    vllm_groups: dict[str, list[int | str]] = {"vLLM servers": [s.process.pid for s in servers]}
     reference: list | None = None
-    try:
+    with ExitStack() as cleanup:
+        for server in servers:
+            cleanup.callback(server.stop)
+        started = {}
         for setup in args.setups.split(","):
-            stop = lambda: None  # noqa: E731
-            if setup == "local":
-                go = lambda: run_local(inputs, args.in_flight)  # noqa: E731
-            elif setup == "dev":
-                url, proc = start_dev(folder, args.in_flight)
-                stop = lambda proc=proc: os.killpg(proc.pid, signal.SIGTERM)  # noqa: E731
-                go = lambda url=url: through_sdk([url], inputs, args.in_flight)  # noqa: E731
-            elif setup == "aegra":
-                from aegra_cluster import AegraCluster
-                from postgres_server import PostgresServer
-
-                pg = PostgresServer(tempfile.mkdtemp(prefix="bench-serving-pg-")).start()
-                cluster = AegraCluster(
-                    folder / "aegra", pg.create_database("aegra"),
-                    jobs_per_instance=max(1, args.in_flight // 2),
-                ).start(2)  # fmt: skip
-
-                def stop(cluster=cluster, pg=pg) -> None:
-                    cluster.stop()
-                    pg.stop()
-
-                urls = [cluster.url(0), cluster.url(1)]
-                go = lambda urls=urls: through_sdk(urls, inputs, args.in_flight)  # noqa: E731
-            else:
-                raise SystemExit(f"unknown setup {setup!r}: local, dev or aegra")
-            try:
-                print(f"{setup}: {args.runs} runs, {args.in_flight} in flight ...", flush=True)
-                with BatchSampler(by_name) as sampler:
+            print(f"starting {setup} ...", flush=True)
+            started[setup] = start_setup(setup, inputs, args.in_flight, folder, cleanup)
+        print(f"\nbatches vLLM ran ({args.runs} demo runs, {args.in_flight} in flight)")
+        for round_ in range(1, args.rounds + 1):
+            for setup, (go, groups) in started.items():
+                with CpuAccount({**vllm_groups, **groups}) as cpu, BatchCounter(by_name) as batches:
                     t0 = time.perf_counter()
                     answers = go()
                     wall = time.perf_counter() - t0
-                results[setup] = (wall, answers, sampler.summary())
                 reference = reference or answers
-            finally:
-                stop()
-    finally:
-        for server in servers:
-            server.stop()
-
-    print(f"\nbatch sizes vLLM saw while busy ({args.runs} demo runs, {args.in_flight} in flight)")
-    for setup, (wall, answers, summary) in results.items():
-        same = sum(a == b for a, b in zip(answers, reference or answers, strict=True))
-        print(f"{setup:6s} {args.runs / wall:5.2f} runs/s  ({wall:.0f} s; answers as the first "
-              f"setup: {same}/{len(answers)})")  # fmt: skip
-        for name, line in summary.items():
-            print(f"       {name:6s} {line}")
+                same = sum(a == b for a, b in zip(answers, reference, strict=True))
+                print(f"round {round_} {setup:6s} {args.runs / wall:5.2f} runs/s ({wall:.0f} s; "
+                      f"answers as the first run: {same}/{len(answers)})")  # fmt: skip
+                for name, line in batches.lines.items():
+                    print(f"       {name:6s} {line}")
+                print(f"       {cpu.line()}", flush=True)
 
 
 if __name__ == "__main__":

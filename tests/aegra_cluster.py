@@ -76,6 +76,14 @@ class AegraCluster:
         self.instance_pids: list[set[int]] = []  # as started: a killed one's too
 
     def start(self, n: int, timeout: float = 600) -> AegraCluster:
+        """Start everything; if any part fails, stop what was started and raise."""
+        try:
+            return self._start(n, timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, n: int, timeout: float) -> AegraCluster:
         self.redis = subprocess.Popen(
             ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
              "--save", "", "--appendonly", "no"],
