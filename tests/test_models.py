@@ -58,6 +58,24 @@ def test_loads_through_from_pretrained(tiny_chat, tiny_models):
     assert torch.equal(again.hf_model.lm_head.weight, large.hf_model.lm_head.weight)
 
 
+@pytest.mark.parametrize("offline", [True, False], ids=["HF_HUB_OFFLINE", "no network"])
+def test_a_hub_id_that_cannot_be_loaded_fails_before_transformers_retries(offline, monkeypatch):
+    """Not cached, and offline (or the hub unreachable, as on this machine; or the id unknown,
+    where there is a network): a clear OSError before transformers' download retries."""
+    import transformers
+
+    def never(*args, **kwargs):
+        raise AssertionError("from_pretrained was called")
+
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", never)
+    if offline:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(OSError, match="nobody/no-such-model-xyz is not in the local cache"):
+        ChatTransformersVLM(model="nobody/no-such-model-xyz")
+
+
 def test_chat_template_renders_images_and_tool_turns(tiny_chat, scenes):
     msgs = [
         SystemMessage(content="sys"),

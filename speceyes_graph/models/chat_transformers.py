@@ -45,6 +45,7 @@ from .batching import BatchScheduler
 from .conversion import convert_messages, special_token_escaper
 from .families import processor_resize
 from .generation import BatchedGeneration, can_join
+from .hub import hub_problem, looks_like_hub_id
 from .image_cache import CachedImageProcessor, CachedVisionEncoder, image_keys
 from .memory import TokenBudget, default_batch_tokens
 from .streaming import stream_reply
@@ -162,6 +163,8 @@ class ChatTransformersVLM(BaseChatModel):
         if preloaded is not None:
             self._hf_model, self._processor = preloaded
         else:
+            if looks_like_hub_id(self.model) and (problem := hub_problem(self.model)):
+                raise OSError(problem)  # what from_pretrained raises, minutes sooner
             self._processor = AutoProcessor.from_pretrained(self.model, **self.processor_kwargs)
             has_cuda = torch.cuda.is_available()
             kwargs: dict[str, Any] = {

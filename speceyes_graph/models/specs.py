@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-import os
-import re
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +20,9 @@ from typing import Any
 from speceyes_tools.images import ResizeSpec
 
 from .families import family_resize
+from .hub import HUB_ID, hub_problem
 
 __all__ = ["ModelSpec", "SpecError", "load_chat_model", "parse_model_spec"]
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
 class SpecError(ValueError):
@@ -83,7 +80,7 @@ def parse_model_spec(spec: str, role: str, *, check_hub: bool = True) -> ModelSp
         if not (path / "config.json").exists():
             raise SpecError(f"{path} has no config.json: not a checkpoint folder")
         return ModelSpec("path", str(path))
-    if not _HUB_ID.match(spec):
+    if not HUB_ID.match(spec):
         raise SpecError(
             f"{spec!r} is neither a folder, a hub id (owner/name), demo, tiny:DIR nor openai:URL#NAME"
         )
@@ -94,21 +91,9 @@ def parse_model_spec(spec: str, role: str, *, check_hub: bool = True) -> ModelSp
 
 def _check_hub(repo_id: str) -> None:
     """Fail fast when a hub id is not cached and cannot be downloaded."""
-    try:
-        from huggingface_hub import model_info, try_to_load_from_cache
-    except ImportError:  # pragma: no cover - transformers depends on it
-        return
-    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
-        return  # cached: works offline
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        raise SpecError(f"{repo_id} is not in the local cache and HF_HUB_OFFLINE is set")
-    try:
-        model_info(repo_id, timeout=10)
-    except Exception as exc:
-        raise SpecError(
-            f"{repo_id} is not in the local cache and cannot be fetched ({type(exc).__name__}); "
-            "download it on a machine with access and pass the folder"
-        ) from None
+    problem = hub_problem(repo_id)
+    if problem:
+        raise SpecError(problem)
 
 
 def load_chat_model(
