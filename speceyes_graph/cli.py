@@ -734,6 +734,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _only_our_progress() -> None:
+    """The demo and the bench print their own progress; transformers' per-load "Loading
+    weights" bars (one per checkpoint) read as noise beside it. For this command's process
+    only: the library leaves them to the user."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -742,6 +751,8 @@ def main(argv: list[str] | None = None) -> int:
     from .models.served import ServedModelError
     from .models.servers import EngineNotInstalled
 
+    if args.func in (cmd_demo, cmd_bench):
+        _only_our_progress()
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -60,3 +60,13 @@ def records_of(scores, key="draft"):
 def two_modes(rng, n, weights, means, sds):
     upper = rng.random(n) < weights[1]
     return np.where(upper, rng.normal(means[1], sds[1], n), rng.normal(means[0], sds[0], n))
+
+
+def not_our_progress(stderr: str) -> list[str]:
+    """The lines of a command's stderr that are not its own tqdm progress bars (library
+    warnings, load reports): a command that prints nothing else gives []."""
+    import re
+
+    bar = re.compile(r"^[\w .-]{0,40}: *\d+%\|")
+    lines = (line.strip() for part in stderr.split("\n") for line in part.split("\r"))
+    return [line for line in lines if line and not bar.match(line)]

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from helpers import not_our_progress
 from speceyes_graph.benchmarks import generate_suite
 from speceyes_graph.benchmarks.datasets import count_benchmark, load_benchmark
 from speceyes_graph.benchmarks.runner import RECORDS, read_records, scan_records
@@ -86,6 +87,7 @@ def test_the_demo_spec_runs_with_its_prompts(suite, tmp_path):
         "--small", "demo", "--large", "demo", "--limit", "4",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
+    assert not_our_progress(r.stderr) == []  # no library warnings or load reports
     records = read_records(out)
     assert len(records) == 4 and not any(r["error"] for r in records)
     run = json.loads((out / "run.json").read_text())

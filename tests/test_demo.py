@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import not_our_progress
 from speceyes_graph.demo import demo_checkpoints, demo_models, fixed_routes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +75,7 @@ def test_demo_command_end_to_end(tmp_path):
     methods = (out / "run-speceyes" / "report.md").read_text().split("## Methods compared")[1]
     assert "| SpecReason |" in methods and "| small model only" in methods
     assert "writing scenes" in r.stderr and "agent only" in r.stderr  # progress bars
+    assert not_our_progress(r.stderr) == []  # and nothing else: no library warnings or reports
     gate_md = (out / "gate" / "report.md").read_text()
     assert gate_md.startswith("# The gate") and "run-small" not in gate_md.splitlines()[0]
     for name in (

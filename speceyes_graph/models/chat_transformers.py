@@ -24,6 +24,7 @@ import json
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -49,6 +50,17 @@ from .hub import hub_problem, looks_like_hub_id
 from .image_cache import CachedImageProcessor, CachedVisionEncoder, image_keys
 from .memory import TokenBudget, default_batch_tokens
 from .streaming import stream_reply
+
+# The image store hands out read-only arrays (shared between threads: nobody may write into
+# them); transformers' torchvision image backend wraps them with torch.from_numpy and only
+# reads them, and torch warns on every such wrap. Silenced for that call site and message
+# only, not globally.
+warnings.filterwarnings(
+    "ignore",
+    message="The given NumPy array is not writable",
+    category=UserWarning,
+    module=r"transformers\.image_processing",
+)
 
 __all__ = ["ChatTransformersVLM"]
 
