@@ -1,0 +1,151 @@
+"""The package as a pip user gets it: the wheel's licence and its type information.
+
+The wheel is built once for the module (``uv build``, as a release is) and installed, without
+its dependencies, into a fresh virtual environment that reaches this project's environment
+for them (one ``.pth`` line): the installed ``speceyes_graph`` and ``speceyes_tools`` are the
+wheel's files, not the repository's, and a user's type checker finds them as it would after
+``pip install speceyes-graph``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import site
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def uv() -> str:
+    found = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    assert Path(found).exists(), "uv is not installed: run `bash scripts/setup.sh`"
+    return found
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    done = subprocess.run(
+        [uv(), "build", "--wheel", "-o", str(out), str(ROOT)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (found,) = out.glob("speceyes_graph-*.whl")
+    return found
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    """The Python of a fresh environment holding the wheel (dependencies: this one's)."""
+    venv = tmp_path_factory.mktemp("venv") / "env"
+    for command in (
+        [uv(), "venv", "-q", "--python", sys.executable, str(venv)],
+        [uv(), "pip", "install", "-q", "--no-deps", "--python", str(venv / "bin" / "python"),
+         str(wheel)],
+    ):  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    python = venv / "bin" / "python"
+    own = subprocess.run(
+        [str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    (Path(own) / "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return python
+
+
+def test_the_wheel_carries_its_licence(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        info = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = z.read(info).decode()
+        licence = z.read(info.replace("METADATA", "licenses/LICENSE")).decode()
+        names = set(z.namelist())
+    assert "License-Expression: Apache-2.0" in metadata.splitlines()
+    assert "License-File: LICENSE" in metadata.splitlines()
+    assert licence == (ROOT / "LICENSE").read_text()
+    assert "Apache License" in licence and "Version 2.0, January 2004" in licence
+    assert {"speceyes_graph/py.typed", "speceyes_tools/py.typed"} <= names
+
+
+USER_SCRIPT = """
+from speceyes_graph import SpecEyesInput, SpecEyesOutput, create_speceyes_graph
+from speceyes_graph.demo import demo_models
+from speceyes_tools.images import ImageStore
+
+
+def ask(question: str, image: str) -> str | None:
+    models = demo_models()
+    graph = create_speceyes_graph(speculator=models["small"], agent=models["large"]).compile()
+    query: SpecEyesInput = {"question": question, "images": [image]}
+    out: SpecEyesOutput = graph.invoke(query, version="v2").value
+    store: ImageStore = ImageStore()
+    del store
+    return out.get("answer")
+"""
+
+MISTAKE = """
+
+def route_count(question: str, image: str) -> int:
+    query: SpecEyesInput = {"question": question, "images": [image]}
+    out = create_speceyes_graph().compile().invoke(query, version="v2").value  # SpecEyesOutput
+    return out["answer"]  # a str (or None), not an int
+"""
+
+
+def mypy(python: Path, script: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--python-executable", str(python), "--strict",
+         "--cache-dir", str(script.parent / ".mypy_cache"), script.name],
+        capture_output=True, text=True, timeout=600, cwd=script.parent,
+    )  # fmt: skip
+
+
+def test_a_users_script_type_checks_against_the_installed_package(installed, tmp_path):
+    """mypy --strict, from a folder outside the repository: the annotated script passes; the
+    same with a deliberate mistake fails, on the mistake's line."""
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text(textwrap.dedent(USER_SCRIPT))
+    bad.write_text(textwrap.dedent(USER_SCRIPT) + textwrap.dedent(MISTAKE))
+    checked = mypy(installed, good)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    checked = mypy(installed, bad)
+    mistake_line = (
+        bad.read_text()
+        .splitlines()
+        .index('    return out["answer"]  # a str (or None), not an int')
+    )
+    assert checked.returncode == 1, checked.stdout
+    errors = [line for line in checked.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"bad.py:{mistake_line + 1}:"), errors
+    assert "return-value" in errors[0]
+
+
+def test_the_sdist_builds_the_same_wheel_and_leaves_the_tests_out(wheel, tmp_path):
+    """The sdist leaves tests/ out on purpose (MANIFEST.in says why) and builds a wheel
+    with the same files as the repository's."""
+    import tarfile
+
+    done = subprocess.run(
+        [uv(), "build", "--sdist", "-o", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (sdist,) = tmp_path.glob("speceyes_graph-*.tar.gz")
+    with tarfile.open(sdist) as t:
+        top = {name.split("/", 2)[1] for name in t.getnames() if name.count("/") >= 1}
+    assert {"LICENSE", "README.md", "pyproject.toml", "speceyes_graph", "tools"} <= top
+    assert "tests" not in top
+    done = subprocess.run(
+        [uv(), "build", "--wheel", "-o", str(tmp_path / "from-sdist"), str(sdist)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (rebuilt,) = (tmp_path / "from-sdist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as a, zipfile.ZipFile(rebuilt) as b:
+        assert sorted(a.namelist()) == sorted(b.namelist())
