@@ -23,7 +23,7 @@ import operator
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
@@ -111,6 +111,12 @@ class AgentLoopOutput(TypedDict, total=False):
     timings: Annotated[dict[str, float], merge_timings]
 
 
+class ScoredStep(AgentStep, total=False):
+    """The step that answers, with ``keep_logprobs``: its reply's log-probs for the gate."""
+
+    logprobs: Any  # OpenAI-format, as the model's response_metadata carries them
+
+
 class AgentLoopState(AgentLoopInput, AgentLoopOutput, total=False):
     messages: Annotated[list[AnyMessage], add_messages]  # private working transcript
     steps: Annotated[list[AgentStep], operator.add]  # private: one per model turn
@@ -162,7 +168,9 @@ def create_agent_loop(
     stops = options.stop
     if protocol == "thyme" and stops == LoopOptions.stop:
         stops = THYME_STOP
-    turn_kwargs = {"stop": list(stops)} if protocol in ("deepeyes", "thyme") and stops else {}
+    turn_kwargs: dict[str, Any] = (
+        {"stop": list(stops)} if protocol in ("deepeyes", "thyme") and stops else {}
+    )
     if max_tokens:
         turn_kwargs["max_tokens"] = max_tokens
     # A served model continues Thyme's assistant turn when the server is told to (vLLM and
@@ -176,9 +184,11 @@ def create_agent_loop(
 
     def prepare(state: AgentLoopState, history: list[AnyMessage]) -> tuple[list, list, list]:
         """(new messages, the transcript as the protocol sends it, as the model takes it)."""
-        new = [] if history else [
+        # cast: the loop's callers always send the question; without one, format_question
+        # (Prompts.question) still fails the turn with its own message
+        new: list[AnyMessage] = [] if history else [
             first_user_message(
-                protocol, prompts, state.get("question"), state.get("images"),
+                protocol, prompts, cast(str, state.get("question")), state.get("images"),
                 state.get("options"), resize, store,
             )
         ]  # fmt: skip
@@ -265,7 +275,8 @@ def create_agent_loop(
         emit_event({f"{name}_step": step})  # stream_mode="custom": watch the loop turn by turn
         if keep_logprobs and answer is not None:
             metadata = getattr(reply, "response_metadata", None) or {}
-            step = {**step, "logprobs": metadata.get("logprobs")}
+            scored: ScoredStep = {**step, "logprobs": metadata.get("logprobs")}
+            step = scored
         return {
             "started_at": started,
             "messages": new,
@@ -334,10 +345,10 @@ def create_agent_loop(
             reason = state.get("stop_reason") or "error"
         elif answer is not None:
             reason = "answered"
-        elif state.get("stop_reason"):
+        elif stopped := state.get("stop_reason"):
             draft = state.get("draft") or {}
             answer = draft.get("text") or None
-            reason = state["stop_reason"] + (", answered with the draft" if answer else "")
+            reason = stopped + (", answered with the draft" if answer else "")
         elif options.on_step_limit == "error":
             reason = "step_limit"
             error = f"agent: no answer after {len(steps)} steps (step limit)"
@@ -401,7 +412,7 @@ def agent_system_prompt(protocol: Protocol, prompts: Prompts, tools: Sequence[Ba
 def first_user_message(
     protocol: Protocol,
     prompts: Prompts,
-    question: str | None,
+    question: str,
     images: Sequence[str] | None,
     options: Sequence[str] | None,
     resize: ResizeSpec | None,
@@ -436,7 +447,8 @@ def _deadline_message(request: Any, exc: DeadlineExceeded) -> ToolMessage:
 
 
 def _no_tools(state: AgentLoopState) -> dict[str, Any]:
-    last = state["messages"][-1]
+    # route() sends a turn here only when it is an AIMessage with tool calls
+    last = cast(AIMessage, state["messages"][-1])
     return {
         "messages": [
             ToolMessage(

@@ -45,6 +45,7 @@ from .drift import ScoreDistribution, check_drift
 from .separability import (
     DEFAULT_ALPHA,
     DEFAULT_K,
+    Aggregation,
     GateConfig,
     acceptance_score,
     aggregate,
@@ -86,7 +87,7 @@ def binomial_tail_pvalue(losses: int, n: int, eps: float) -> float:
 
 
 def raw_draft_score(
-    record: dict, aggregation: str, k: int | None = None, key: str = "draft"
+    record: dict, aggregation: Aggregation, k: int | None = None, key: str = "draft"
 ) -> float | None:
     """A record's aggregated separability (before the sigmoid) recomputed from its draft's
     sorted top-K log-probs (``key="tool_draft"``: the answer of depth-D speculation)."""
@@ -102,7 +103,7 @@ def raw_draft_score(
 
 
 def draft_scores(
-    record: dict, aggregation: str, k: int | None = None, key: str = "draft"
+    record: dict, aggregation: Aggregation, k: int | None = None, key: str = "draft"
 ) -> float | None:
     """A record's acceptance score, ``sigmoid(alpha * raw_draft_score)``."""
     raw = raw_draft_score(record, aggregation, k, key)

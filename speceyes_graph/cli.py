@@ -6,10 +6,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .state import Mode
 
 
-def _placeholder_graph(mode: str, tools: str):
+def _placeholder_graph(mode: Mode, tools: str):
     """A graph with scripted models, for drawing only (drawing needs no weights)."""
     from .demo.example import make_example_models
     from .graph import create_speceyes_graph
@@ -291,6 +294,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     out = Path(args.out or Path(args.dir) / "gate.json")
     result.save(out)
     cal, held = result.calibration, result.holdout
+    assert result.delta is not None  # calibrate() keeps its delta (only label-free has none)
     print(
         f"tau {result.tau:.6g} ({result.aggregation}, K {result.k}): with probability >= "
         f"{1 - result.delta:.3g}, accepted drafts cost at most {result.max_drop:.3g} accuracy "

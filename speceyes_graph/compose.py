@@ -184,7 +184,7 @@ def _block_reference(block: dict) -> str | None:
 
 def create_speceyes_chat_graph(
     *, store: ImageStore | None = None, **graph_kwargs: Any
-) -> StateGraph:
+) -> StateGraph[SpecEyesChatState, SpecEyesContext, _ChatInput, _ChatOutput]:
     """A chat front for SpecEyes (uncompiled; compile with your checkpointer).
 
     Takes the arguments of :func:`~speceyes_graph.create_speceyes_graph` (models, tools, gate,

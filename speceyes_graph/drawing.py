@@ -116,7 +116,7 @@ def _png_matplotlib(g: Graph) -> bytes:
         (x1, y1), (x2, y2) = vertices[e.source].view.xy, vertices[e.target].view.xy
         if e.data:
             ax.text(
-                (x1 + x2) / 2, -(y1 + y2) / 2, e.data, ha="center", va="center", fontsize=9,
+                (x1 + x2) / 2, -(y1 + y2) / 2, str(e.data), ha="center", va="center", fontsize=9,
                 color="#1f4e99", bbox={"boxstyle": "round", "fc": "white", "ec": "none"},
             )  # fmt: skip
         ax.annotate(

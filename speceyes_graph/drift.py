@@ -89,7 +89,9 @@ class ScoreDistribution:
         )  # fmt: skip
 
 
-def accepted_share(scores: Sequence[float], tau: float, alpha: float = DEFAULT_ALPHA) -> float:
+def accepted_share(
+    scores: Sequence[float] | np.ndarray, tau: float, alpha: float = DEFAULT_ALPHA
+) -> float:
     """Share of separability scores the gate accepts: exactly its test, sigmoid(alpha S) > tau."""
     return (
         float(np.mean([acceptance_score(s, alpha) > tau for s in scores])) if len(scores) else 0.0
@@ -105,7 +107,7 @@ def _kolmogorov_sf(lam: float) -> float:
 
 
 def ks_two_sample(
-    a: Sequence[float], b: Sequence[float], n_b: int | None = None
+    a: Sequence[float] | np.ndarray, b: Sequence[float], n_b: int | None = None
 ) -> tuple[float, float]:
     """(D, asymptotic p-value) of the two-sample Kolmogorov-Smirnov test. ``n_b``: the size
     ``b`` stands for when it is a summary of a larger sample (:class:`ScoreDistribution`)."""
@@ -154,7 +156,7 @@ class DriftCheck:
 
 
 def check_drift(
-    scores: Sequence[float],
+    scores: Sequence[float | None],
     reference: ScoreDistribution,
     tau: float,
     *,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import sys
 from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from speceyes_tools.deadlines import acall_with_deadline, call_with_deadline, st
 try:  # LangGraph's own node runnable: a sync and an async function, config/runtime injected
     from langgraph._internal._runnable import RunnableCallable
 except ImportError:  # pragma: no cover - older layouts
-    from langgraph.utils.runnable import RunnableCallable  # type: ignore[no-redef]
+    from langgraph.utils.runnable import RunnableCallable
 
 __all__ = [
     "Background",
@@ -132,7 +133,11 @@ class Subgraph(Request):
         run = self.graph.ainvoke(self.input, self.config)
         if self.context is None:
             return await run
-        return await asyncio.create_task(run, context=self.context)
+        if sys.version_info >= (3, 11):
+            return await asyncio.create_task(run, context=self.context)
+        # Python 3.10 has no context= argument: a task started inside the context runs in a
+        # copy of it (taken now, with the ambient config this request carries)
+        return await self.context.run(asyncio.create_task, run)
 
 
 @dataclass
@@ -208,6 +213,7 @@ def node(fn: Callable[..., Any], *, name: str | None = None) -> Runnable:
     :class:`Request` s (see the module docstring) or a plain function that never waits.
     Its parameters are injected as LangGraph injects a function node's (``config``,
     ``runtime``...)."""
+    func: Callable[..., Any]
     if inspect.isgeneratorfunction(fn):
 
         @wraps(fn)

@@ -35,9 +35,9 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import SystemMessage
@@ -73,6 +73,7 @@ from .specreason import run_specreason
 from .state import (
     Draft,
     Mode,
+    Query,
     RunInput,
     SpecEyesContext,
     SpecEyesInput,
@@ -108,7 +109,10 @@ _CLEAN_RUN: dict[str, Any] = {
     "query": None,
     "pending_draft": None,
 }
-_AUTO_PROTOCOL = {("image_zoom_in_tool",): "deepeyes", ("python_sandbox",): "thyme"}
+_AUTO_PROTOCOL: dict[tuple[str, ...], Protocol] = {
+    ("image_zoom_in_tool",): "deepeyes",
+    ("python_sandbox",): "thyme",
+}
 THYME_TAU = 0.95  # the published threshold of the Thyme runs
 _FIRST_NODE = {
     "agent": "agent_loop",
@@ -147,7 +151,7 @@ def create_speceyes_graph(
     speculator_tools: str | Path | Toolset | Sequence[BaseTool] | None = None,
     speculator_prompts: Prompts | None = None,
     speculator_step_tokens: int | None = None,
-) -> StateGraph:
+) -> StateGraph[SpecEyesState, SpecEyesContext, SpecEyesInput, SpecEyesOutput]:
     """Build the (uncompiled) SpecEyes graph; call ``.compile()`` with your checkpointer.
 
     Args:
@@ -205,17 +209,18 @@ def create_speceyes_graph(
     limits = limits or Limits()
     resize = resize or getattr(agent, "resize_spec", None) or ResizeSpec()
     tool_list: list[BaseTool] = []
-    chosen = protocol
+    chosen: Protocol | Literal["auto"] = protocol
     if agent is not None:
-        toolset = tools if isinstance(tools, Sequence) and not isinstance(tools, str) else None
-        tool_list = (
-            list(toolset)
-            if toolset is not None
-            else build_tools(load_toolset(tools), resize=resize, store=store)
-        )
+        if isinstance(tools, Sequence) and not isinstance(tools, str):
+            tool_list = list(tools)
+        else:
+            tool_list = build_tools(load_toolset(tools), resize=resize, store=store)
         if chosen == "auto":
             chosen = _AUTO_PROTOCOL.get(tuple(t.name for t in tool_list), "native")
     thyme = chosen == "thyme"
+    # cast: the loops (agent, small, SpecReason) are built only with an agent, for which
+    # "auto" was resolved above
+    loop_protocol = cast(Protocol, chosen)
     gate = (
         GateConfig.load(gate)
         if isinstance(gate, (str, Path))
@@ -225,8 +230,8 @@ def create_speceyes_graph(
     if max_agent_steps is None:
         max_agent_steps = THYME_MAX_STEPS if thyme else DEFAULT_MAX_STEPS
     speculator_resize = speculator_resize or getattr(speculator, "resize_spec", None) or resize
-    judge_kwargs = {"max_tokens": judge_max_tokens} if judge_max_tokens else {}
-    draft_kwargs = {"max_tokens": draft_max_tokens} if draft_max_tokens else {}
+    judge_kwargs: dict[str, Any] = {"max_tokens": judge_max_tokens} if judge_max_tokens else {}
+    draft_kwargs: dict[str, Any] = {"max_tokens": draft_max_tokens} if draft_max_tokens else {}
     if speculation not in ("parallel", "after_judge"):
         raise ValueError(f"speculation must be 'parallel' or 'after_judge', got {speculation!r}")
     if mode not in ("speceyes", "agent", "small", "specreason"):
@@ -296,7 +301,9 @@ def create_speceyes_graph(
     # data: URLs in a checkpoint taken before intake are kept in this graph's store
     graph.channels["images"] = RunInput(list, keep=functools.partial(pixel_free, store=store))
 
-    def failed(state: SpecEyesState, phase: str, exc: BaseException, t0: float) -> dict[str, Any]:
+    def failed(
+        state: Mapping[str, Any], phase: str, exc: BaseException, t0: float
+    ) -> dict[str, Any]:
         message = f"{phase}: {type(exc).__name__}: {exc}"
         log.info("query failed in %s: %s", phase, exc)
         if (state.get("settings") or {}).get("on_error", on_error) == "raise":
@@ -361,7 +368,7 @@ def create_speceyes_graph(
                     f"(available modes: {sorted(available)})"
                 )
 
-            def check_and_decode() -> dict[str, Any]:  # reads files and URLs: off the loop
+            def check_and_decode() -> Query:  # reads files and URLs: off the loop
                 with deadline_scope(deadline):
                     query = read_query(state, store, limits, token_models)
                     # Tell the models' batch workers which calls this query will make,
@@ -469,7 +476,7 @@ def create_speceyes_graph(
         if isinstance(batch_size, int):
             draft["batch_size"] = batch_size
         if not draft["text"]:
-            draft.update(accepted=False, error=draft.get("error") or "the draft is empty")
+            draft.update({"accepted": False, "error": draft.get("error") or "the draft is empty"})
         return {"draft": draft, "timings": {"speculate": time.perf_counter() - t0}}
 
     # --- phase III --------------------------------------------------------------------------------
@@ -487,7 +494,7 @@ def create_speceyes_graph(
         return "failed" if state.get("error") else "accept"
 
     # --- depth-D speculation: the small model's own tool loop (tool_speculation) ----------------
-    if "speceyes" in available:
+    if "speceyes" in available and speculator is not None:  # it is: "speceyes" needs one
         if speculator_tools is None:
             speculator_tools = tools if isinstance(tools, (str, Path, Toolset)) else tool_list
         small_loop = create_agent_loop(
@@ -495,7 +502,7 @@ def create_speceyes_graph(
             list(speculator_tools)
             if isinstance(speculator_tools, Sequence) and not isinstance(speculator_tools, str)
             else build_tools(load_toolset(speculator_tools), resize=speculator_resize, store=store),
-            protocol=chosen,
+            protocol=loop_protocol,
             max_steps=limits.max_speculation_depth + 1,
             prompts=speculator_prompts or prompts,
             resize=speculator_resize,
@@ -515,10 +522,10 @@ def create_speceyes_graph(
 
     # --- phase IV ---------------------------------------------------------------------------------
     if agent is not None:
-        loop = create_agent_loop(
+        compiled_loop = create_agent_loop(
             agent,
             tool_list,
-            protocol=chosen,
+            protocol=loop_protocol,
             max_steps=max_agent_steps,
             prompts=prompts,
             resize=resize,
@@ -535,10 +542,10 @@ def create_speceyes_graph(
                     check_deadline("agent loop")
                 # The loop runs without checkpoints of its own: its transcript reaches the
                 # parent state once, at the end, instead of being stored again at every step
-                # (a resumed run restarts the loop). `loop` itself stays the subgraph that
-                # get_graph(xray=True) and Studio draw.
+                # (a resumed run restarts the loop). `compiled_loop` itself stays the subgraph
+                # that get_graph(xray=True) and Studio draw.
                 out = yield Subgraph(
-                    loop.copy(update={"checkpointer": False}),
+                    compiled_loop.copy(update={"checkpointer": False}),
                     {
                         "question": query["question"],
                         "images": query["images"],
@@ -564,7 +571,7 @@ def create_speceyes_graph(
 
     # --- the SpecReason baseline -----------------------------------------------------------------
     if "specreason" in available:
-        reason_system = agent_system_prompt(chosen, prompts, tool_list)
+        reason_system = agent_system_prompt(loop_protocol, prompts, tool_list)
         small_reasoner = _internal(speculator, "specreason_small")
         large_reasoner = _internal(agent, "specreason_large")
 
@@ -578,12 +585,12 @@ def create_speceyes_graph(
             try:
                 with deadline_scope(state.get("deadline")), store_scope(store):
                     first = yield Blocking(first_user_message, (
-                        chosen, prompts, query["question"], query["images"], query["options"],
+                        loop_protocol, prompts, query["question"], query["images"], query["options"],
                         resize, store,
                     ))  # fmt: skip
                     out = yield from run_specreason(
                         call=call, small=small_reasoner, large=large_reasoner,
-                        system=reason_system, first=first, protocol=chosen, tools=tool_list,
+                        system=reason_system, first=first, protocol=loop_protocol, tools=tool_list,
                         images=query["images"], prompts=prompts, store=store, emit=emit_event,
                     )  # fmt: skip
             except DeadlineExceeded as exc:
@@ -656,7 +663,7 @@ def _overwrite_timings(update: dict[str, Any]) -> dict[str, Any]:
     return {**update, "timings": Overwrite(update.get("timings") or {})}
 
 
-def score_draft(reply: Any, gate: GateConfig) -> dict[str, Any]:
+def score_draft(reply: Any, gate: GateConfig) -> Draft:
     """Gate fields for a speculator reply; a draft that cannot be scored is rejected, with why.
 
     Log-probs come from a model or a server and are untrusted: any malformed shape becomes a

@@ -106,6 +106,11 @@ def _log_joint(x: np.ndarray, w, m, s) -> np.ndarray:
     return np.log(w) - np.log(s) - 0.5 * ((x - m) / s) ** 2
 
 
+def _pair(v: np.ndarray) -> tuple[float, float]:
+    """The two components' values (lower first) as floats."""
+    return float(v[0]), float(v[1])
+
+
 def _normal_log_likelihood(x: np.ndarray) -> float:
     sd = max(float(x.std()), 1e-9)
     return float(
@@ -143,13 +148,7 @@ def fit_mixture(scores: Sequence[float] | np.ndarray, max_iter: int = 500) -> Mi
                 break
             previous = ll
         order = np.argsort(m)
-        fit = Mixture(
-            tuple(float(v) for v in w[order] / w.sum()),
-            tuple(float(v) for v in m[order]),
-            tuple(float(v) for v in s[order]),
-            ll,
-            len(x),
-        )
+        fit = Mixture(_pair(w[order] / w.sum()), _pair(m[order]), _pair(s[order]), ll, len(x))
         if best is None or fit.log_likelihood > best.log_likelihood:
             best = fit
     assert best is not None

@@ -28,8 +28,8 @@ is *sent* is a view of that transcript in its protocol (:func:`to_wire`):
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 Protocol = Literal["deepeyes", "native", "thyme"]
+_Message = TypeVar("_Message", bound=BaseMessage)
 
 
 def image_blocks(
@@ -77,11 +78,11 @@ def user_message(
     )
 
 
-def _blocks(content: object) -> list[dict]:
+def _blocks(content: str | Sequence[str | dict] | None) -> list[dict]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
-    out = []
-    for block in content or []:  # type: ignore[union-attr]
+    out: list[dict] = []
+    for block in content or []:
         out.append({"type": "text", "text": block} if isinstance(block, str) else block)
     return out
 
@@ -118,7 +119,7 @@ def _inline_bytes(block: Any) -> bytes | None:
     return data if isinstance(data, bytes) else base64.b64decode(data)
 
 
-def _map_images(message: BaseMessage, fn) -> BaseMessage:
+def _map_images(message: _Message, fn: Callable[[Any], Any]) -> _Message:
     if not isinstance(message.content, list):
         return message
     changed, content = False, []
@@ -163,7 +164,7 @@ def for_model(
     return list(messages) if accepts_image_refs(model) else hydrate(messages, store)
 
 
-def dehydrate(message: BaseMessage, store: ImageStore | None = None) -> BaseMessage:
+def dehydrate(message: _Message, store: ImageStore | None = None) -> _Message:
     """The message with inline image data moved into the store (reference blocks instead)."""
     store = store or default_store()
 
@@ -211,7 +212,7 @@ def to_wire(
         if not pending:
             return
         if protocol == "deepeyes":
-            parts: list[dict] = [{"type": "text", "text": "<tool_response>"}]
+            parts: list[str | dict] = [{"type": "text", "text": "<tool_response>"}]
             for tm in pending:
                 blocks = _blocks(tm.content)
                 has_image = any(b.get("type") in ("image", "image_url") for b in blocks)
@@ -266,7 +267,7 @@ def _thyme_wire(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
     """Everything after the user turn merged into one assistant turn (see the module
     docstring); a model continues it when it is the last message."""
     out: list[BaseMessage] = []
-    turn: list[dict] = []
+    turn: list[str | dict] = []
     for m in messages:
         if isinstance(m, AIMessage):
             turn.append({"type": "text", "text": _closed(message_text(m))})

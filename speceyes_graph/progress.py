@@ -10,6 +10,7 @@ turns them all off (tqdm reads ``TQDM_*`` variables for any of its settings).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
 __all__ = ["LOG_INTERVAL_S", "progress_bar"]
@@ -44,6 +45,8 @@ def progress_bar(iterable: Any = None, **kwargs: Any):
     from tqdm import tqdm
 
     class LogBar(tqdm):
+        _time: Callable[[], float]  # tqdm's clock (a class attribute); its stubs leave it out
+
         def refresh(self, *args: Any, **kw: Any) -> None:
             # set_postfix / set_description redraw at once; in a log only the clock does
             # (update() calls this when mininterval has passed; close() draws the last line)

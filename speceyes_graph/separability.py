@@ -33,9 +33,12 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .state import Draft
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -91,8 +94,10 @@ def _as_float_matrix(logits: Any, k: int, clamp: bool) -> tuple[np.ndarray, int]
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a hard dependency
-        torch = None
-    if torch is not None and isinstance(logits, torch.Tensor):
+        have_torch = False
+    else:
+        have_torch = True
+    if have_torch and isinstance(logits, torch.Tensor):
         t = logits.detach()
         if t.ndim == 1:
             t = t.unsqueeze(0)
@@ -290,8 +295,10 @@ def softmax_confidence(logits: Any) -> float:
     try:
         import torch
     except ImportError:  # pragma: no cover
-        torch = None
-    if torch is not None and isinstance(logits, torch.Tensor):
+        have_torch = False
+    else:
+        have_torch = True
+    if have_torch and isinstance(logits, torch.Tensor):
         t = logits.detach().float()
         t = t.unsqueeze(0) if t.ndim == 1 else t
         if t.shape[0] == 0:
@@ -443,7 +450,7 @@ class GateConfig:
             + ")"
         )
 
-    def decide(self, logprobs: Any) -> dict[str, Any]:
+    def decide(self, logprobs: Any) -> Draft:
         """:meth:`evaluate` for untrusted log-probs: a missing or malformed shape becomes a
         recorded rejection (``accepted`` False, ``error`` saying why), never an exception."""
         if not logprobs:
@@ -457,7 +464,7 @@ class GateConfig:
         except Exception as exc:
             return {"accepted": False, "error": f"gate: {type(exc).__name__}: {exc}"}
 
-    def evaluate(self, logprobs: Any) -> dict[str, Any]:
+    def evaluate(self, logprobs: Any) -> Draft:
         """Score a draft from its OpenAI-format ``logprobs`` and decide acceptance.
 
         Returns the :class:`~speceyes_graph.state.Draft` fields; raises

@@ -54,8 +54,9 @@ def served_store() -> ImageStore:
     dirs = [d for d in env("SPECEYES_IMAGE_DIRS", "").split(os.pathsep) if d]
     hosts = [h.strip() for h in env("SPECEYES_IMAGE_HOSTS", "").split(",") if h.strip()]
     bounds: dict[str, Any] = {"max_bytes": int(env("SPECEYES_BLOB_MAX_MB", "2048")) << 20}
-    if env("SPECEYES_BLOB_MAX_AGE_H"):
-        bounds["max_age_s"] = float(env("SPECEYES_BLOB_MAX_AGE_H")) * 3600
+    max_age_h = env("SPECEYES_BLOB_MAX_AGE_H")
+    if max_age_h:
+        bounds["max_age_s"] = float(max_age_h) * 3600
     url = env("SPECEYES_BLOB_URL") or env(
         "SPECEYES_BLOB_DIR", os.path.join(".langgraph_api", "speceyes-blobs")
     )
@@ -73,13 +74,14 @@ def served_models() -> dict[str, Any]:
     tau = float(env("SPECEYES_TAU", "0.95" if thyme else "0.98"))
     gate = GateConfig(tau=tau, k=int(env("SPECEYES_TOP_K", "64")))
     common: dict[str, Any] = {"gate": gate, "tools": tools}
-    if env("SPECEYES_SMALL_URL") and env("SPECEYES_LARGE_URL"):
+    small_url, large_url = env("SPECEYES_SMALL_URL"), env("SPECEYES_LARGE_URL")
+    if small_url and large_url:
         from speceyes_graph.models import openai_models
 
         models = openai_models(
-            env("SPECEYES_SMALL_URL"),
+            small_url,
             env("SPECEYES_SMALL_MODEL", "small"),
-            env("SPECEYES_LARGE_URL"),
+            large_url,
             env("SPECEYES_LARGE_MODEL", "large"),
             top_logprobs=gate.k,
             agent_max_tokens=2048 if thyme else 512,
@@ -92,18 +94,19 @@ def served_models() -> dict[str, Any]:
             return {**DEMO_GRAPH_SETTINGS, **common, **models, "agent": agent}
         return {**common, **models}
     batch = int(env("SPECEYES_BATCH_SIZE", "16"))  # local models: requests per generate call
-    if env("SPECEYES_SMALL_PATH") and env("SPECEYES_LARGE_PATH"):
+    small_path, large_path = env("SPECEYES_SMALL_PATH"), env("SPECEYES_LARGE_PATH")
+    if small_path and large_path:
         from speceyes_graph.models import ChatTransformersVLM
 
         return {
             **common,
             "speculator": ChatTransformersVLM(
-                model=env("SPECEYES_SMALL_PATH"),
+                model=small_path,
                 top_logprobs=gate.k,
-                max_new_tokens=20,
+                max_tokens=20,  # the alias of max_new_tokens, the name its __init__ takes
                 max_batch_size=batch,
             ),
-            "agent": ChatTransformersVLM(model=env("SPECEYES_LARGE_PATH"), max_batch_size=batch),
+            "agent": ChatTransformersVLM(model=large_path, max_batch_size=batch),
         }
     if env("SPECEYES_MODELS") == "example":
         return example_models()

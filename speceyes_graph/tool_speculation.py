@@ -25,8 +25,8 @@ loop costs on every tool-needing query, (1 - beta) c_S^D: when alpha_D > c_S^D /
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 from langgraph.graph.state import CompiledStateGraph
 
@@ -36,7 +36,7 @@ from .agent import recursion_limit
 from .effects import Steps, Subgraph
 from .separability import GateConfig, answer_span
 from .settings import RunSettings
-from .state import Draft, SpecEyesState
+from .state import AgentStep, Draft, SpecEyesState
 
 __all__ = ["after_tool_gate", "small_loop_input", "speculate_tools_node", "tool_draft"]
 
@@ -80,7 +80,9 @@ def after_tool_gate(state: SpecEyesState) -> str:
     return "accept" if state.get("route") == "speculative-tools" else "reject"
 
 
-def small_loop_input(query: dict, state: dict, depth: int) -> dict[str, Any]:
+def small_loop_input(
+    query: Mapping[str, Any], state: Mapping[str, Any], depth: int
+) -> dict[str, Any]:
     """The small loop's input: the query, D + 1 model turns, the query's deadlines."""
     settings = state["settings"]
     return {
@@ -110,7 +112,7 @@ def tool_draft(
     draft: Draft = {
         "text": (out.get("answer") or "").strip(),
         "depth": depth,
-        "steps": steps,
+        "steps": cast(list[AgentStep], steps),  # the loop's steps, less their logprobs
         "stop_reason": out.get("stop_reason"),
         "latency_s": latency_s,
         "accepted": False,

@@ -126,6 +126,8 @@ class _Pruned:
     max_bytes: int | None
     max_age_s: float | None
     prune_every: int
+    _writes: int
+    _lock: threading.Lock
 
     def _count_write(self) -> None:
         with self._lock:
@@ -407,9 +409,9 @@ class PostgresBlobs(_Pruned):
     @property
     def nbytes(self) -> int:
         with self.pool.connection() as conn:
-            return int(
-                conn.execute(f"SELECT coalesce(sum(size), 0) FROM {self.table}").fetchone()[0]
-            )
+            row = conn.execute(f"SELECT coalesce(sum(size), 0) FROM {self.table}").fetchone()
+            assert row is not None  # an aggregate without GROUP BY always returns one row
+            return int(row[0])
 
     def close(self) -> None:
         self.pool.close()

@@ -21,6 +21,7 @@ import contextvars
 import heapq
 import itertools
 import queue
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -221,16 +222,30 @@ async def acall_with_deadline(
     with deadline_scope(time.time() + limit):
         if inline:
             return await fn(*args, **kwargs)
-        scope = asyncio.timeout(limit)
-        try:
-            async with scope:
-                return await fn(*args, **kwargs)
-        except TimeoutError:
-            if not scope.expired():
-                raise  # the call itself raised a TimeoutError: report it as it is
-            if query_bound:
-                raise DeadlineExceeded(f"the query's deadline passed during the {what}") from None
-            raise DeadlineExceeded(f"{what} took longer than {limit:.3g} s") from None
+        if sys.version_info >= (3, 11):
+            scope = asyncio.timeout(limit)
+            try:
+                async with scope:
+                    return await fn(*args, **kwargs)
+            except TimeoutError:
+                if not scope.expired():
+                    raise  # the call itself raised a TimeoutError: report it as it is
+        else:
+            # Python 3.10 has no asyncio.timeout: the call runs as a task (which copies the
+            # deadline scope's context), cancelled when the time is up or the caller is
+            task = asyncio.ensure_future(fn(*args, **kwargs))
+            try:
+                done, _ = await asyncio.wait({task}, timeout=limit)
+            except BaseException:
+                task.cancel()
+                raise
+            if done:
+                return task.result()  # the call's own result or exception, as it is
+            task.cancel()
+            await asyncio.wait({task})  # let it clean up, as asyncio.timeout would
+        if query_bound:
+            raise DeadlineExceeded(f"the query's deadline passed during the {what}") from None
+        raise DeadlineExceeded(f"{what} took longer than {limit:.3g} s") from None
 
 
 class EarliestDeadlineFirst:

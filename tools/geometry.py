@@ -71,7 +71,7 @@ def parse_box(raw: object) -> tuple[float, float, float, float]:
         if isinstance(v, bool):
             raise BoxError(f"bbox values must be numbers, got {v!r}")
         try:
-            f = float(v)  # type: ignore[arg-type]
+            f = float(v)
         except (TypeError, ValueError):
             raise BoxError(f"bbox values must be numbers, got {v!r}") from None
         if not math.isfinite(f):

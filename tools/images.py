@@ -147,7 +147,7 @@ def pixel_key(arr: np.ndarray) -> str:
     needs no PNG encode (a few ms per megapixel instead of tens)."""
     h, w = arr.shape[:2]
     digest = hashlib.sha256(f"rgb8:{w}x{h}:".encode())
-    digest.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
+    digest.update(np.ascontiguousarray(arr).data.cast("B"))
     return BLOB_SCHEME + digest.hexdigest()
 
 

@@ -34,6 +34,7 @@ import functools
 import glob
 import importlib.metadata
 import importlib.util
+import io
 import json
 import os
 import platform
@@ -47,9 +48,10 @@ import sysconfig
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -137,7 +139,7 @@ class SandboxResult:
 
 
 @functools.lru_cache(maxsize=1)
-def _distributions() -> dict[str, list[str]]:
+def _distributions() -> Mapping[str, list[str]]:
     return importlib.metadata.packages_distributions()  # a scan of site-packages: once
 
 
@@ -209,8 +211,8 @@ def bwrap_command(
     # Debian's package folders (apt's and pip's); only those: /usr/local/lib also holds
     # the standard library and libpython of a Python built there (the python Docker images)
     for pattern in ("/usr/lib/python3*/dist-packages", "/usr/local/lib/python3*/dist-packages"):
-        for site in sorted(glob.glob(pattern)):
-            cmd += ["--tmpfs", site, "--remount-ro", site]
+        for folder in sorted(glob.glob(pattern)):
+            cmd += ["--tmpfs", folder, "--remount-ro", folder]
     # the allowed libraries, in a site folder of their own
     cmd += ["--tmpfs", "/sandbox", "--ro-bind", str(RUNNER), "/sandbox/runner.py"]
     cmd += ["--dir", "/sandbox/site"]
@@ -265,7 +267,8 @@ class _Process:
             t.start()
 
     def _read_out(self) -> None:
-        stream = self.popen.stdout
+        # stdout=PIPE with the default buffering: a BufferedReader (read1), never None
+        stream = cast(io.BufferedReader, self.popen.stdout)
         try:
             while chunk := stream.read1(1 << 16):
                 if len(self.out) + len(chunk) > self.cap:
@@ -281,8 +284,10 @@ class _Process:
             self.done.set()
 
     def _read_err(self) -> None:
+        # stderr=PIPE with the default buffering: a BufferedReader (read1), never None
+        stream = cast(io.BufferedReader, self.popen.stderr)
         try:
-            while chunk := self.popen.stderr.read1(1 << 16):
+            while chunk := stream.read1(1 << 16):
                 if len(self.err) < 1 << 16:
                     self.err += chunk[: (1 << 16) - len(self.err)]
         except (OSError, ValueError):
@@ -301,6 +306,8 @@ class _Process:
         for reader in self._readers:  # read what it wrote to the end before the pipes close
             reader.join(timeout=1)
         for stream in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
+            if stream is None:  # never: all three are pipes
+                continue
             try:
                 stream.close()
             except OSError:
@@ -484,9 +491,11 @@ class Sandbox:
             proc.kill()
             if b"READY\n" not in proc.out:
                 raise SandboxUnavailable(f"the sandbox did not start: {proc.startup_error()}")
+        stdin = proc.popen.stdin
+        assert stdin is not None  # stdin=PIPE
         try:
-            proc.popen.stdin.write(struct.pack(">I", len(header)) + header + image)
-            proc.popen.stdin.close()
+            stdin.write(struct.pack(">I", len(header)) + header + image)
+            stdin.close()
         except (BrokenPipeError, OSError):
             pass  # the process died: reported below
         try:
@@ -570,12 +579,13 @@ def _exit_reason(code: int | None) -> str:
         return "the sandbox ended without a result"
     if code < 0 or code > 128:  # killed by a signal (bubblewrap reports 128 + signal)
         sig = -code if code < 0 else code - 128
-        why = {
+        reasons: dict[int, str] = {
             signal.SIGXCPU: "it used up its CPU time",
             signal.SIGKILL: "it was killed (time or memory limit)",
             signal.SIGSEGV: "it crashed (segmentation fault)",
             signal.SIGXFSZ: "it wrote a file over the size limit",
-        }.get(sig, f"signal {sig}")
+        }
+        why = reasons.get(sig, f"signal {sig}")
         return f"the code's process ended without a result: {why}"
     return f"the code's process ended without a result (exit status {code})"
 

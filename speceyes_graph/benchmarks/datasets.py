@@ -29,6 +29,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -188,7 +189,7 @@ def load_pope(path: str | Path, *, splits: list[str] | None = None) -> Iterator[
                 str(row["answer"]).strip().lower(),
                 split,
                 None,
-                image_bytes=lambda r=raw: bytes(r),
+                image_bytes=partial(bytes, raw),
                 meta={"category": row.get("category"), "image_source": row.get("image_source")},
             )
 

@@ -10,7 +10,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..separability import DEFAULT_ALPHA, acceptance_score, aggregate, sorted_separability
+from ..separability import (
+    DEFAULT_ALPHA,
+    Aggregation,
+    acceptance_score,
+    aggregate,
+    sorted_separability,
+)
 
 __all__ = ["auroc", "draft_score", "draft_token_scores"]
 
@@ -43,7 +49,7 @@ def draft_token_scores(draft: dict) -> np.ndarray | None:
     return sorted_separability(np.asarray(top, dtype=float))
 
 
-def draft_score(draft: dict, aggregation: str, score: str = "separability") -> float | None:
+def draft_score(draft: dict, aggregation: Aggregation, score: str = "separability") -> float | None:
     """A recorded draft re-gated offline: its acceptance score under another aggregation or
     score (the sweep's what-ifs), None when it kept no log-probs."""
     ts = draft_token_scores(draft)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -59,26 +59,36 @@ def write_plots(report: dict[str, Any], out: Path) -> list[str]:
         fig.savefig(out / "accuracy_vs_speedup.png", dpi=110)
         plt.close(fig)
         written.append("accuracy_vs_speedup.png")
-    records = [
-        r
+    scored = [
+        (r, ts)
         for r in report["_records"]
-        if r.get("draft") and draft_token_scores(r["draft"]) is not None
+        if r.get("draft") and (ts := draft_token_scores(r["draft"])) is not None
     ]
+    records = [r for r, _ in scored]
     if records:
-        raw = [aggregate(draft_token_scores(r["draft"]), "min") for r in records]
+        raw = [aggregate(ts, "min") for _, ts in scored]
         right = [s for s, r in zip(raw, records, strict=True) if r["draft_correct"]]
         wrong = [s for s, r in zip(raw, records, strict=True) if not r["draft_correct"]]
         tau = _gate_tau(report)
         tau_raw = math.log(tau / (1 - tau)) / DEFAULT_ALPHA
         fig, ax = plt.subplots(figsize=(7, 4.5))
         bins = np.linspace(min(min(raw), tau_raw) - 0.5, max(max(raw), tau_raw) + 0.5, 36)
+        # matplotlib's stub types bins as Sequence[float]; hist takes any array of edges
         ax.hist(
-            right, bins=bins, alpha=0.6, label=f"right drafts ({len(right)})", color="tab:green"
+            right,
+            bins=bins,  # type: ignore[arg-type]
+            alpha=0.6,
+            label=f"right drafts ({len(right)})",
+            color="tab:green",
         )
         ax.hist(
-            wrong, bins=bins, alpha=0.6, hatch="//", label=f"wrong drafts ({len(wrong)})",
+            wrong,
+            bins=bins,  # type: ignore[arg-type]
+            alpha=0.6,
+            hatch="//",
+            label=f"wrong drafts ({len(wrong)})",
             color="tab:red",
-        )  # fmt: skip
+        )
         ax.axvline(
             tau_raw, color="black", ls="--",
             label=f"tau = {tau:g} on the gate score = separability {tau_raw:.2f}",
@@ -105,17 +115,15 @@ def write_plots(report: dict[str, Any], out: Path) -> list[str]:
         labels = [bool(r["draft_correct"]) for r in records]
         if 0 < sum(labels) < len(labels):
             fig, ax = plt.subplots(figsize=(5, 5))
-            for (name, scores), ls in zip(
-                (
-                    ("separability (min)", raw),
-                    (
-                        "softmax confidence",
-                        [draft_score(r["draft"], "min", "softmax") for r in records],
-                    ),
-                ),
-                ("-", "--"),
-                strict=True,
-            ):
+            # every record kept has token scores, so draft_score is never None for it
+            softmax = cast(
+                list[float], [draft_score(r["draft"], "min", "softmax") for r in records]
+            )
+            curves: tuple[tuple[str, list[float]], ...] = (
+                ("separability (min)", raw),
+                ("softmax confidence", softmax),
+            )
+            for (name, scores), ls in zip(curves, ("-", "--"), strict=True):
                 fpr, tpr = _roc(scores, labels)
                 ax.plot(fpr, tpr, ls=ls, label=f"{name}: AUROC {auroc(scores, labels):.3f}")
             ax.plot([0, 1], [0, 1], color="grey", ls=":", label="chance")

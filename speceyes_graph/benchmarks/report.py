@@ -115,7 +115,7 @@ def rescore(
                 verdicts[entry["key"]] = bool(entry["correct"])
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue
-    stats = Counter()
+    stats: Counter[str] = Counter()
     grader = benchmark if benchmark in ("vstar", "hrbench", "pope", "synthetic") else "vstar"
     judge_name = _model_name(judge)
 
@@ -234,15 +234,24 @@ def _depth_summary(
         "c_small_loop_s": _mean_timing(records, "speculate_tools"),
         "l_agent_s": _mean_timing(records, "agent"),
     }
-    expected = None
-    if None not in (beta, alpha_d, costs["c_judge_s"], costs["c_small_loop_s"], costs["l_agent_s"]):
+    expected: float | None = None
+    speedup: float | None = None
+    c_judge, c_loop, l_agent = costs["c_judge_s"], costs["c_small_loop_s"], costs["l_agent_s"]
+    if (
+        beta is not None
+        and alpha_d is not None
+        and c_judge is not None
+        and c_loop is not None
+        and l_agent is not None
+    ):
         a = alpha or 0.0
         expected = (
-            costs["c_judge_s"]
+            c_judge
             + beta * (costs["c_draft_s"] or 0.0)
-            + (1 - beta) * costs["c_small_loop_s"]
-            + (1 - beta * a - (1 - beta) * alpha_d) * costs["l_agent_s"]
+            + (1 - beta) * c_loop
+            + (1 - beta * a - (1 - beta) * alpha_d) * l_agent
         )
+        speedup = l_agent / expected if expected else None
     accepted = [r for r in tried if r["tool_draft"].get("accepted")]
     return {
         "speculation_depth": max(int(r["tool_draft"].get("depth") or 0) for r in tried),
@@ -257,7 +266,7 @@ def _depth_summary(
         "cost_model": {
             **costs,
             "expected_latency_s": expected,
-            "speedup_cost_model": costs["l_agent_s"] / expected if expected else None,
+            "speedup_cost_model": speedup,
         },
     }
 

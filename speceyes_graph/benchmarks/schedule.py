@@ -20,12 +20,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import StateGraph
 
 from speceyes_tools.blobs import is_blob_key
 from speceyes_tools.images import put_bytes, release
 
+from ..state import SpecEyesContext, SpecEyesInput, SpecEyesOutput, SpecEyesState
 from .datasets import BenchQuery
 from .runner import make_record
 
@@ -35,7 +37,12 @@ __all__ = ["OfficialSchedule"]
 class OfficialSchedule:
     """Runs one chunk of queries the way the published scripts do; returns their records."""
 
-    def __init__(self, graph: StateGraph, mode: str, chunk_size: int = 6):
+    def __init__(
+        self,
+        graph: StateGraph[SpecEyesState, SpecEyesContext, SpecEyesInput, SpecEyesOutput],
+        mode: str,
+        chunk_size: int = 6,
+    ):
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
         self.mode, self.chunk_size = mode, chunk_size
@@ -48,7 +55,8 @@ class OfficialSchedule:
     def __call__(self, chunk: list[BenchQuery]) -> list[dict]:
         start = time.perf_counter()
         refs: list[str | None] = []
-        inputs, configs = [], []
+        inputs = []
+        configs: list[RunnableConfig] = []
         for i, q in enumerate(chunk):
             ref = q.image or (put_bytes(q.image_bytes()) if q.image_bytes else None)
             refs.append(ref)

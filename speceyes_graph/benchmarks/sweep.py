@@ -11,8 +11,9 @@ labelled calibration, a label-free one).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
+from ..separability import Aggregation
 from .draft_scores import auroc, draft_score, draft_token_scores
 
 __all__ = ["AGGREGATIONS", "TAUS", "compare_gates", "gate_outcome", "gates_table", "sweep"]
@@ -35,7 +36,7 @@ TAUS = [
     0.995,
     0.999,
 ]
-AGGREGATIONS = ("min", "mean", "bottom-q")
+AGGREGATIONS: tuple[Aggregation, ...] = ("min", "mean", "bottom-q")
 TOOL_FREE_ROUTES = ("speculative", "rejected-agentic", "draft-only")
 
 
@@ -55,11 +56,10 @@ def gate_outcome(
         cost = t.get("judge", 0.0)
         draft = r.get("draft")
         tool_free = r.get("route") in TOOL_FREE_ROUTES
-        s = (
-            draft_score(draft, aggregation if score == "separability" else "min", score)
-            if tool_free and draft
-            else None
-        )
+        # a separability aggregation is one of AGGREGATIONS (aggregate() raises otherwise);
+        # the softmax score ignores it (the sweep names that curve "geo-mean")
+        agg = cast(Aggregation, aggregation) if score == "separability" else "min"
+        s = draft_score(draft, agg, score) if tool_free and draft else None
         cost += t.get("speculate", 0.0) if tool_free else 0.0
         drafts += s is not None
         if s is not None and s > tau:
@@ -107,9 +107,12 @@ def sweep(
             ]
     drafts = [r for r in rows if r.get("draft") and draft_token_scores(r["draft"]) is not None]
     labels = [bool(r["draft_correct"]) for r in drafts]
+    # every draft kept has token scores, so draft_score is never None for it
+    separability = cast(list[float], [draft_score(r["draft"], "min") for r in drafts])
+    softmax = cast(list[float], [draft_score(r["draft"], "min", "softmax") for r in drafts])
     out["auroc"] = {
-        "separability_min": auroc([draft_score(r["draft"], "min") for r in drafts], labels),
-        "softmax": auroc([draft_score(r["draft"], "min", "softmax") for r in drafts], labels),
+        "separability_min": auroc(separability, labels),
+        "softmax": auroc(softmax, labels),
     }
     out["n_drafts"] = len(drafts)
     out["draft_accuracy"] = sum(labels) / len(labels) if labels else None

@@ -37,6 +37,7 @@ from ..messages import user_message
 from ..models.scripted import ScriptedChatModel, fake_logprobs
 from ..prompts import Prompts
 from ..protocol import message_text
+from ..state import SpecEyesInput
 
 __all__ = [
     "CeilingResult",
@@ -120,7 +121,7 @@ def _cold(store: ImageStore, *models: Any) -> None:
     store.clear()
     for m in models:
         cache = getattr(getattr(m, "processor", None), "image_processor", None)
-        if hasattr(cache, "clear"):
+        if cache is not None and hasattr(cache, "clear"):
             cache.clear()
 
 
@@ -155,7 +156,7 @@ def ceiling(
     *,
     small: Any,
     large: Any,
-    queries: Sequence[dict],
+    queries: Sequence[SpecEyesInput],
     reps: int = 3,
     store: ImageStore | None = None,
     graph_settings: dict[str, Any] | None = None,
@@ -249,7 +250,7 @@ def ceiling(
 
 
 def orchestration_ms(
-    phase: str, queries: Sequence[dict], store: ImageStore | None = None, reps: int = 2
+    phase: str, queries: Sequence[SpecEyesInput], store: ImageStore | None = None, reps: int = 2
 ) -> float:
     """Per-query wall time of the graph with models that answer instantly (one at a time):
     what LangGraph and our nodes cost, images already decoded."""
@@ -274,14 +275,14 @@ def orchestration_ms(
     return 1000 * min(times)
 
 
-def _through_judge(graph: Any, query: dict) -> None:
+def _through_judge(graph: Any, query: SpecEyesInput) -> None:
     """Run ``graph`` on ``query`` up to and including its judge node, then stop it."""
     for update in graph.stream(query, stream_mode="updates"):
         if "judge" in update or "intake" in update and update["intake"].get("error"):
             return
 
 
-async def _athrough_judge(graph: Any, query: dict) -> None:
+async def _athrough_judge(graph: Any, query: SpecEyesInput) -> None:
     async for update in graph.astream(query, stream_mode="updates"):
         if "judge" in update or "intake" in update and update["intake"].get("error"):
             return
@@ -294,14 +295,14 @@ class _Instant(ScriptedChatModel):
     accepts_image_refs: ClassVar[bool] = True
 
 
-def shape_queries(folder: Path, n: int, seed: int = 0) -> list[dict]:
+def shape_queries(folder: Path, n: int, seed: int = 0) -> list[SpecEyesInput]:
     """N queries on their own small PNG files (a coloured square on grey, 300-900 px), four
     question kinds in turn: the workload the CPU benchmarks share."""
     import numpy as np
     from PIL import Image
 
     rng = np.random.default_rng(seed)
-    queries = []
+    queries: list[SpecEyesInput] = []
     for i in range(n):
         w, h = int(rng.integers(300, 900)), int(rng.integers(240, 700))
         arr = np.full((h, w, 3), 245, np.uint8)

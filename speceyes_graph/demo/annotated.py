@@ -72,6 +72,7 @@ def write_examples(
         if record is None:
             continue
         q = query[record["id"]]
+        assert q.image is not None  # the demo's scenes are files (demo_queries writes them)
         image = load_image(q.image)  # upright, as the models saw it
         agent_record = by_id["agent"].get(q.id)
         box = _box(record) or _box(agent_record)

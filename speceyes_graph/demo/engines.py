@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 __all__ = ["DEMO_DRAFT_TOKENS", "DEMO_TURN_TOKENS", "Engine", "EngineName", "demo_engine"]
 
@@ -42,11 +42,11 @@ def local_models(batch_size: int, paths: dict[str, Path]) -> dict[str, Any]:
         "small": ChatTransformersVLM(
             model=str(paths["small"]),
             top_logprobs=64,
-            max_new_tokens=DEMO_DRAFT_TOKENS,
+            max_tokens=DEMO_DRAFT_TOKENS,
             max_batch_size=batch_size,
         ),
         "large": ChatTransformersVLM(
-            model=str(paths["large"]), max_new_tokens=DEMO_TURN_TOKENS, max_batch_size=batch_size
+            model=str(paths["large"]), max_tokens=DEMO_TURN_TOKENS, max_batch_size=batch_size
         ),
     }
 
@@ -114,9 +114,9 @@ def demo_engine(
         return
     if engine != "vllm":
         raise ValueError(f"unknown engine {engine!r}; use 'transformers' or 'vllm'")
-    from ..models.servers import VLLMServer, start_servers
+    from ..models.servers import EngineServer, VLLMServer, start_servers
 
-    servers: list[VLLMServer] = []
+    servers: list[EngineServer] = []
     setup_s = None
     try:
         if small_url or large_url:
@@ -130,7 +130,7 @@ def demo_engine(
                 [VLLMServer(paths[role], name=role) for role in ("small", "large")]
             )
             setup_s = time.perf_counter() - t0
-            urls = {s.name: s.url for s in servers}
+            urls = {cast(str, s.name): s.url for s in servers}  # each named by its role above
         found = {role: _server(url) for role, url in urls.items()}
         labels = sorted({label for _, _, label in found.values()})
         where = ", ".join(f"{role} at {base}" for role, (base, _, _) in found.items())

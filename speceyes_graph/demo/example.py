@@ -16,6 +16,7 @@ import json
 import re
 import tempfile
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 from langchain_core.messages import AIMessage, BaseMessage
@@ -23,6 +24,7 @@ from PIL import Image, ImageDraw
 
 from ..graph import create_speceyes_graph
 from ..models.scripted import ScriptedChatModel, fake_logprobs
+from ..state import SpecEyesInput
 
 __all__ = ["EXAMPLE_QUERIES", "make_example_models", "make_example_scenes", "run_example"]
 
@@ -223,7 +225,10 @@ def run_example(folder: Path | None = None, print_fn=print) -> list[dict]:
     inputs = make_example_scenes(folder)
     judge, speculator, agent = make_example_models()
     graph = create_speceyes_graph(judge=judge, speculator=speculator, agent=agent).compile()
-    results = graph.batch([{k: v for k, v in q.items() if k != "expected"} for q in inputs])
+    # a scene's keys but "expected" are graph inputs (make_example_scenes writes them)
+    results = graph.batch(
+        [cast(SpecEyesInput, {k: v for k, v in q.items() if k != "expected"}) for q in inputs]
+    )
     print_fn("speceyes example: real graph, gate and zoom tool; SCRIPTED models (no weights)\n")
     print_fn(f"{'query':<12} {'route':<17} {'answer':<7} {'ok':<4} {'draft score':<12} agent steps")
     for q, r in zip(inputs, results):

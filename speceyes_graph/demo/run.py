@@ -15,7 +15,7 @@ import json
 import time
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from PIL import Image
@@ -27,6 +27,7 @@ from ..benchmarks.runner import read_records, run_benchmark
 from ..drawing import draw
 from ..graph import create_speceyes_graph
 from ..separability import GateConfig
+from ..state import Mode
 from .annotated import write_examples
 from .engines import DEMO_TURN_TOKENS, EngineName, demo_engine, local_models
 from .summary import (
@@ -151,7 +152,7 @@ DEMO_GRAPH_SETTINGS: dict[str, Any] = {
 
 
 def demo_graph(
-    small: Any = None, large: Any = None, mode: str = "speceyes", speculation_depth: int = 0
+    small: Any = None, large: Any = None, mode: Mode = "speceyes", speculation_depth: int = 0
 ) -> Any:
     """The uncompiled demo graph (demo prompts, published gate, at most 4 agent steps)."""
     return create_speceyes_graph(
@@ -237,7 +238,7 @@ def _run_modes(
     if specreason:
         graphs["specreason"] = demo_graph(models["small"], models["large"], mode="specreason")
         modes.append("specreason")
-    (out / "workflow.png").write_bytes(draw(graphs["speceyes"], "png"))
+    (out / "workflow.png").write_bytes(cast(bytes, draw(graphs["speceyes"], "png")))  # PNG: bytes
     # enough queries in flight that the agent's batches fill while the judge and drafts take
     # their turns (the same for every mode)
     concurrency = 4 * batch_size

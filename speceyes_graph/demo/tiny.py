@@ -211,8 +211,10 @@ def build_tokenizer(
         vocab[t] = len(vocab)
     tok = Qwen2Tokenizer(
         vocab=vocab,
-        merges=merges,
-        unk_token=None,
+        # transformers annotates merges as str | list[str] and unk_token as str, but passes
+        # merges on to tokenizers' BPE (which takes these pairs) and allows no unk token
+        merges=merges,  # type: ignore[arg-type]
+        unk_token=None,  # type: ignore[arg-type]
         bos_token=None,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
@@ -297,10 +299,12 @@ def build_qwen_vl(
         text["initializer_range"] = vision["initializer_range"] = init_std
         if kind == "large":
             extra["initializer_range"] = init_std
-    config_cls, model_cls = {
+    # two model families whose config signatures differ: called through Any
+    families: dict[str, tuple[Any, Any]] = {
         "large": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration),
         "small": (Qwen3VLConfig, Qwen3VLForConditionalGeneration),
-    }[kind]
+    }
+    config_cls, model_cls = families[kind]
     config = config_cls(
         text_config=text, vision_config=vision, tie_word_embeddings=tie, **extra, **placeholders
     )

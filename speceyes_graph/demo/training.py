@@ -211,7 +211,7 @@ def batches(
     pad = processor.tokenizer.pad_token_id
     while True:
         task = tasks[int(rng.choice(len(tasks), p=p / p.sum()))]
-        samples = []
+        samples: list[dict] = []
         while len(samples) < batch_size:
             if task == "colour_full":
                 tiny = False
@@ -389,15 +389,15 @@ def train_demo(
     losses: dict[str, list[float]] = {}
     model.train()
 
-    def progress() -> float:
+    def elapsed() -> float:  # share of the budget spent (not ``progress``: the bar's flag)
         return step / max_steps if max_steps else (time.time() - t0) / budget
 
-    while progress() < 1.0:
+    while elapsed() < 1.0:
         for group in opt.param_groups:
             group["lr"] = (
                 lr
                 * min(1.0, (step + 1) / warmup)
-                * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress()))))
+                * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed()))))
             )
         task, batch = next(first if first is not None and step < colour_steps else main)
         loss = model(**batch).loss
@@ -413,7 +413,7 @@ def train_demo(
             say(
                 f"[{kind}] step {step} lr {opt.param_groups[0]['lr']:.2e} {time.time() - t0:.0f}s loss {mean}"
             )
-        if step % eval_every == 0 or progress() >= 1.0:
+        if step % eval_every == 0 or elapsed() >= 1.0:
             model.eval()
             metrics = evaluate(kind, model, processor, scenes)
             model.train()

@@ -45,7 +45,7 @@ from speceyes_tools.images import ResizeSpec
 from .batching import BatchScheduler
 from .conversion import convert_messages, special_token_escaper
 from .families import processor_resize
-from .generation import BatchedGeneration, can_join
+from .generation import BatchedGeneration, GenerationKey, can_join
 from .hub import hub_problem, looks_like_hub_id
 from .image_cache import CachedImageProcessor, CachedVisionEncoder, image_keys
 from .memory import TokenBudget, default_batch_tokens
@@ -199,7 +199,7 @@ class ChatTransformersVLM(BaseChatModel):
             if isinstance(images, CachedImageProcessor):
                 images = images.inner
             self._processor.image_processor = CachedImageProcessor(images, self.image_cache_bytes)
-        base = getattr(self._hf_model, "base_model", None)
+        base: Any = getattr(self._hf_model, "base_model", None)
         visual = getattr(base, "visual", None)
         if self.vision_cache_bytes and visual is not None and hasattr(base, "get_image_features"):
             encode = base.get_image_features
@@ -273,6 +273,7 @@ class ChatTransformersVLM(BaseChatModel):
     @property
     def generation(self) -> BatchedGeneration:
         """The batched ``generate`` path (what the batch worker runs on each batch)."""
+        assert self._generation is not None
         return self._generation
 
     @property
@@ -342,7 +343,9 @@ class ChatTransformersVLM(BaseChatModel):
 
     # --- request preparation (caller's thread) -------------------------------------------------
 
-    def _settings(self, stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[Hashable, list]:
+    def _settings(
+        self, stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> tuple[GenerationKey, dict[str, Any]]:
         max_new = (
             kwargs.get("max_new_tokens")
             or kwargs.get("max_tokens")
@@ -530,4 +533,4 @@ class ChatTransformersVLM(BaseChatModel):
             self.scheduler.expect(key, -1)
         prepared = self._prepare(messages, **request)
         # no context-variable scope here: a generator's steps may run in different contexts
-        yield from stream_reply(self._generation, key, prepared, time_left(self.timeout))
+        yield from stream_reply(self.generation, key, prepared, time_left(self.timeout))

@@ -55,7 +55,7 @@ def _block_image(block: dict) -> tuple[np.ndarray, str | None] | None:
     """(pixels, content key or None) of a LangChain / OpenAI image block; None if not one."""
     kind = block.get("type")
     if kind == "image_url":
-        url = block.get("image_url")
+        url: Any = block.get("image_url")  # {"url": ...} or the URL itself
         return _pixels(url["url"] if isinstance(url, dict) else url)
     if kind != "image":
         return None
@@ -118,10 +118,11 @@ def convert_messages(messages: Sequence[BaseMessage], escape=None) -> HFMessages
             elif block.get("type") == "text":
                 parts.append({"type": "text", "text": escape(block.get("text", ""))})
         entry: dict[str, Any] = {"role": role, "content": parts}
-        if role == "assistant" and getattr(m, "tool_calls", None):
+        tool_calls = getattr(m, "tool_calls", None)  # an AIMessage's
+        if role == "assistant" and tool_calls:
             entry["tool_calls"] = [
                 {"type": "function", "function": {"name": c["name"], "arguments": c["args"]}}
-                for c in m.tool_calls
+                for c in tool_calls
             ]
         out.append(entry)
     return HFMessages(out, images, keys)

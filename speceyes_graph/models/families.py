@@ -67,12 +67,11 @@ def processor_resize(image_processor: Any) -> ResizeSpec:
     """The frame a Qwen-VL image processor resizes to, from the processor or its config dict
     (``size`` with ``shortest_edge``/``longest_edge`` in pixels, or ``min_pixels``/``max_pixels``;
     ``patch_size`` times ``merge_size`` is the side multiple)."""
-    if isinstance(image_processor, Mapping):
-        get = image_processor.get
-    else:
 
-        def get(key: str, default: Any = None) -> Any:
-            return getattr(image_processor, key, default)
+    def get(key: str, default: Any = None) -> Any:
+        if isinstance(image_processor, Mapping):
+            return image_processor.get(key, default)
+        return getattr(image_processor, key, default)
 
     size = get("size") or {}
     factor = int(get("patch_size") * (get("merge_size") or 2))

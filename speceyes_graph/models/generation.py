@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.messages import AIMessage
 from langchain_core.messages.ai import UsageMetadata
@@ -21,7 +21,16 @@ from .batching import RowKeys
 from .image_cache import vision_keys
 from .memory import is_out_of_memory
 
-__all__ = ["BatchedGeneration", "can_join"]
+__all__ = ["BatchedGeneration", "GenerationKey", "can_join"]
+
+# A request's generation settings, its batch key: (max_new_tokens, top_logprobs or None,
+# stop strings, temperature); ChatTransformersVLM makes them, requests with equal keys batch.
+GenerationKey = tuple[int, int | None, tuple[str, ...], float]
+
+
+def _key(key: Hashable) -> GenerationKey:
+    """One request's key as the scheduler hands it back (typed Hashable there)."""
+    return cast(GenerationKey, key)  # the scheduler only holds keys ChatTransformersVLM made
 
 
 class BatchedGeneration:
@@ -40,7 +49,7 @@ class BatchedGeneration:
         """Padded tokens of a would-be batch: every row is as long as the longest prompt plus
         the longest ``max_new_tokens`` (what the KV cache and activations are sized by)."""
         longest = max(p["n_prompt"] for p in prepared)
-        return len(prepared) * (longest + max(k[0] for k in keys))
+        return len(prepared) * (longest + max(_key(k)[0] for k in keys))
 
     @staticmethod
     def describe(keys: Sequence[Hashable], prepared: Sequence[dict]) -> str:
@@ -58,7 +67,7 @@ class BatchedGeneration:
         rows = "1 request" if len(prepared) == 1 else f"a batch of {len(prepared)} requests"
         return (
             f"{rows} of {tokens:,} tokens (prompt {max(p['n_prompt'] for p in prepared):,}, "
-            f"{max(k[0] for k in keys):,} new{seen})"
+            f"{max(_key(k)[0] for k in keys):,} new{seen})"
         )
 
     def _collate(self, prepared: Sequence[dict]) -> dict:
@@ -91,7 +100,7 @@ class BatchedGeneration:
         import torch
 
         # one key for the batch, or one per row (requests that joined: see can_join)
-        rows = list(key) if isinstance(key, RowKeys) else [key] * len(prepared)
+        rows = [_key(k) for k in key] if isinstance(key, RowKeys) else [_key(key)] * len(prepared)
         max_new = max(k[0] for k in rows)
         _, top_k, _, temperature = rows[0]
         tokenizer = self.processor.tokenizer
@@ -223,7 +232,9 @@ class BatchedGeneration:
                     {"token": pieces[t], "logprob": float(picked[b]), "top_logprobs": top}
                 )
             metadata["logprobs"] = {"content": content}
-        usage = UsageMetadata(
+        # the token details are NotRequired, imported from typing by langchain-core (3.11+):
+        # mypy's 3.10 target does not see that, and takes them for required keys
+        usage = UsageMetadata(  # type: ignore[typeddict-item]
             input_tokens=n_prompt, output_tokens=kept, total_tokens=n_prompt + kept
         )
         text = prefix + text
@@ -241,12 +252,12 @@ def can_join(batch_key: Hashable, key: Hashable) -> bool:
     """Whether a request with ``key`` may join a batch formed for ``batch_key``: both greedy
     with the same log-prob setting, and it wants no more new tokens (so the batch runs no
     longer for it). Stop strings may differ: each row stops at its own."""
-    max_new, top_k, _, temperature = batch_key  # type: ignore[misc]
-    other_max, other_top_k, _, other_temperature = key  # type: ignore[misc]
+    max_new, top_k, _, temperature = _key(batch_key)
+    other_max, other_top_k, _, other_temperature = _key(key)
     return temperature == other_temperature == 0.0 and top_k == other_top_k and other_max <= max_new
 
 
-def _row_stopping(rows: Sequence[tuple], prompt_len: int, tokenizer: Any) -> Any:
+def _row_stopping(rows: Sequence[GenerationKey], prompt_len: int, tokenizer: Any) -> Any:
     """Stopping criteria for a batch whose rows have their own stop strings and lengths."""
     import torch
     from transformers import StoppingCriteria, StoppingCriteriaList, StopStringCriteria

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import SecretStr
+
 from speceyes_tools.images import ResizeSpec
 
 from .served import check_top_logprobs, describe_served_model, served_resize
@@ -63,9 +65,9 @@ def openai_chat_model(
     return ServedChatModel(
         base_url=base_url,
         model=model,
-        api_key=api_key,
+        api_key=SecretStr(api_key),  # what pydantic makes of the str
         temperature=0,
-        max_tokens=max_tokens,
+        max_completion_tokens=max_tokens,  # ChatOpenAI's alias of max_tokens
         timeout=timeout,
         max_retries=max_retries,
         resize_spec=resize or served_resize(model, info),
@@ -99,7 +101,7 @@ def openai_models(
     (:mod:`.families`: Qwen2.5-VL / DeepEyes up to 12,845,056 pixels), not shrunk to a
     megapixel; ``resize`` / ``speculator_resize`` override both.
     """
-    common = {"timeout": timeout, "max_retries": max_retries, "probe": probe}
+    common: dict[str, Any] = {"timeout": timeout, "max_retries": max_retries, "probe": probe}
     speculator = openai_chat_model(
         small_url,
         small_model,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from speceyes_tools.images import ResizeSpec
 
@@ -102,13 +102,14 @@ def load_chat_model(
     top_logprobs: int | None,
     max_new_tokens: int,
     batch_size: int,
-    max_batch_tokens: int | str | None = "auto",
+    max_batch_tokens: int | Literal["auto"] | None = "auto",
 ) -> Any:
     """The chat model a checked spec names (``max_batch_tokens``: local models only; a
     server batches by its own rules)."""
     if spec.kind == "openai":
         from .openai_compat import openai_chat_model
 
+        assert spec.name is not None  # parse_model_spec names the served model
         return openai_chat_model(
             spec.target,
             spec.name,
@@ -126,7 +127,7 @@ def load_chat_model(
     return ChatTransformersVLM(
         model=spec.target,
         top_logprobs=top_logprobs,
-        max_new_tokens=max_new_tokens,
+        max_tokens=max_new_tokens,  # the field's alias (its name works too: populate_by_name)
         max_batch_size=batch_size,
         max_batch_tokens=max_batch_tokens,
     )

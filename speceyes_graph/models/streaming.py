@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from langchain_core.messages import AIMessage, AIMessageChunk
@@ -24,7 +24,7 @@ from langchain_core.outputs import ChatGenerationChunk
 
 from speceyes_tools.deadlines import DeadlineExceeded
 
-from .generation import BatchedGeneration
+from .generation import BatchedGeneration, GenerationKey
 
 __all__ = ["TokenStreamer", "stream_reply"]
 
@@ -50,10 +50,10 @@ class TokenStreamer:
 
 
 def stream_reply(
-    generation: BatchedGeneration, key: Hashable, prepared: dict, time_left_s: float | None
+    generation: BatchedGeneration, key: GenerationKey, prepared: dict, time_left_s: float | None
 ) -> Iterator[ChatGenerationChunk]:
     """The reply to one prepared request, chunk by chunk, within ``time_left_s`` seconds."""
-    stops: tuple = key[2]  # type: ignore[index]
+    stops: tuple = key[2]
     tokens: queue.SimpleQueue = queue.SimpleQueue()
     result: dict[str, Any] = {}
     streamer = TokenStreamer(tokens)
@@ -108,8 +108,15 @@ def stream_reply(
             content=rest,
             response_metadata=final.response_metadata,
             usage_metadata=final.usage_metadata,
+            # "type" is NotRequired, imported from typing by langchain-core (3.11+): mypy's 3.10
+            # target does not see that, and takes it for a required key
             tool_call_chunks=[
-                {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": i}
+                {  # type: ignore[typeddict-item]
+                    "name": c["name"],
+                    "args": json.dumps(c["args"]),
+                    "id": c["id"],
+                    "index": i,
+                }
                 for i, c in enumerate(final.tool_calls)
             ],
             chunk_position="last",
