@@ -21,12 +21,19 @@ from __future__ import annotations
 import asyncio
 import operator
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.config import get_stream_writer
@@ -58,6 +65,10 @@ from .prompts import (
 )
 from .protocol import extract_answer, message_text, parse_deepeyes, parse_thyme
 from .state import AgentStep, Draft, merge_timings
+
+if TYPE_CHECKING:
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+    from langgraph.types import Command
 
 __all__ = [
     "AgentLoopState",
@@ -141,7 +152,7 @@ def create_agent_loop(
     keep_logprobs: bool = False,
     name: str = "agent",
     max_tokens: int | None = None,
-) -> StateGraph:
+) -> StateGraph[AgentLoopState, None, AgentLoopInput, AgentLoopOutput]:
     """The uncompiled ``agent_loop`` subgraph.
 
     ``max_steps`` bounds model turns (tool rounds included); an input ``max_steps`` overrides
@@ -182,7 +193,9 @@ def create_agent_loop(
     def steps_allowed(state: AgentLoopState) -> int:
         return state.get("max_steps") or max_steps
 
-    def prepare(state: AgentLoopState, history: list[AnyMessage]) -> tuple[list, list, list]:
+    def prepare(
+        state: AgentLoopState, history: list[AnyMessage]
+    ) -> tuple[list[AnyMessage], list[BaseMessage], list[BaseMessage]]:
         """(new messages, the transcript as the protocol sends it, as the model takes it)."""
         # cast: the loop's callers always send the question; without one, format_question
         # (Prompts.question) still fails the turn with its own message
@@ -303,7 +316,10 @@ def create_agent_loop(
     def after_tools(state: AgentLoopState) -> Literal["continue", "step limit"]:
         return "step limit" if len(state.get("steps") or []) >= steps_allowed(state) else "continue"
 
-    def run_tool(request, execute):
+    def run_tool(
+        request: ToolCallRequest,
+        execute: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
+    ) -> ToolMessage | Command[Any]:
         """Each tool call: within the query's deadline and the tool timeout; pixels to the store."""
         state = request.state if isinstance(request.state, dict) else {}
         try:
@@ -318,7 +334,10 @@ def create_agent_loop(
             result = _deadline_message(request, exc)
         return dehydrate(result, store) if isinstance(result, ToolMessage) else result
 
-    async def arun_tool(request, execute):
+    async def arun_tool(
+        request: ToolCallRequest,
+        execute: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
+    ) -> ToolMessage | Command[Any]:
         """``run_tool`` under ``ainvoke``: the tool runs in a worker thread (LangChain runs a
         sync tool's ``ainvoke`` there), the result is moved into the store off the loop."""
         state = request.state if isinstance(request.state, dict) else {}
@@ -465,12 +484,12 @@ TRACE_KEYS = ("box", "notes", "latency_s")  # a vision tool's: box after clampin
 CODE_TRACE_KEYS = ("code", "stdout", "stderr", "images", "overhead_s", "timed_out")
 
 
-def tool_trace(artifact: dict) -> dict[str, Any]:
+def tool_trace(artifact: dict[str, Any]) -> dict[str, Any]:
     """The fields of a tool's artifact that a step records (vision tools and the code tool)."""
     return {k: artifact[k] for k in TRACE_KEYS + CODE_TRACE_KEYS if k in artifact}
 
 
-def _attach_tool_results(steps: list[dict], messages: Sequence[AnyMessage]) -> None:
+def _attach_tool_results(steps: list[dict[str, Any]], messages: Sequence[AnyMessage]) -> None:
     """Copy each tool result's trace (box after clamping, latency, error) into its step."""
     results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
     for step in steps:  # new dicts: the state's steps and the streamed events stay as they were
@@ -479,7 +498,7 @@ def _attach_tool_results(steps: list[dict], messages: Sequence[AnyMessage]) -> N
         ]
 
 
-def _with_result(call: dict, tm: ToolMessage | None) -> dict:
+def _with_result(call: dict[str, Any], tm: ToolMessage | None) -> dict[str, Any]:
     if tm is None:
         return call
     artifact = tm.artifact if isinstance(tm.artifact, dict) else {}

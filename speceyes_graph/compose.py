@@ -166,12 +166,12 @@ def chat_query(messages: Sequence[BaseMessage]) -> dict[str, Any] | None:
     return {"question": question, "images": images, "options": options}
 
 
-def _image_blocks(message: BaseMessage) -> list[dict]:
+def _image_blocks(message: BaseMessage) -> list[dict[str, Any]]:
     content = message.content if isinstance(message.content, list) else []
     return [b for b in content if isinstance(b, dict) and b.get("type") in ("image", "image_url")]
 
 
-def _block_reference(block: dict) -> str | None:
+def _block_reference(block: dict[str, Any]) -> str | None:
     """The reference an (already dehydrated) image block points at."""
     ref = image_ref(block)
     if ref:

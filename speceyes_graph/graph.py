@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import SystemMessage
+from langchain_core.messages import BaseMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langgraph.constants import TAG_NOSTREAM
@@ -173,9 +173,9 @@ def create_speceyes_graph(
         speculator_as_judge: use the small model as the judge (the paper's ablation).
         max_agent_steps: model turns of the agent loop (per run: ``max_agent_steps``, up to
             ``limits.max_agent_steps``); default 6, or Thyme's published 5.
-        judge_max_tokens, draft_max_tokens: generation lengths of phases I and II (the
-            published 10 and 20), passed to the models as ``max_tokens``; None leaves the
-            model's own setting.
+        judge_max_tokens: generation length of phase I (the published 10), passed to the
+            model as ``max_tokens``; None leaves the model's own setting.
+        draft_max_tokens: the same for phase II (the published 20).
         protocol: ``deepeyes`` (tool calls as text), ``thyme`` (the model writes Python that
             runs in the OS sandbox, ``tools="thyme"``), ``native`` (structured tool calls), or
             ``auto``: ``deepeyes`` when the toolset is exactly ``image_zoom_in_tool``,
@@ -324,7 +324,7 @@ def create_speceyes_graph(
     def call_model(
         state: SpecEyesState,
         model: Any,
-        messages: Callable[[], list],
+        messages: Callable[[], list[BaseMessage]],
         what: str,
         announced: bool = True,
         **kwargs: Any,
@@ -360,7 +360,7 @@ def create_speceyes_graph(
             return {**clean, **_overwrite_timings(failed({}, "settings", exc, t0))}
         clean["settings"] = settings.as_dict()
         clean["deadline"] = deadline = time.time() + settings.query_timeout_s
-        announced: list[tuple[Any, dict]] = []
+        announced: list[tuple[Any, dict[str, Any]]] = []
         try:
             if settings.mode not in available:
                 raise ValueError(
@@ -405,7 +405,7 @@ def create_speceyes_graph(
         try:
             text = prompts.question(query["question"], query["options"]) + prompts.judge_suffix
 
-            def messages() -> list:
+            def messages() -> list[BaseMessage]:
                 image = user_message(query["images"], text, judge_resize, store)
                 return [SystemMessage(content=prompts.judge_system), image]
 
@@ -440,7 +440,7 @@ def create_speceyes_graph(
         query = state["query"]
         text = prompts.question(query["question"], query["options"]) + prompts.speculator_suffix
 
-        def messages() -> list:
+        def messages() -> list[BaseMessage]:
             image = user_message(query["images"], text, speculator_resize, store)
             return [SystemMessage(content=prompts.speculator_system), image]
 
@@ -579,7 +579,7 @@ def create_speceyes_graph(
             t0 = time.perf_counter()
             query = state["query"]
 
-            def call(model: Any, messages: list, what: str, **kwargs: Any) -> Steps:
+            def call(model: Any, messages: list[BaseMessage], what: str, **kwargs: Any) -> Steps:
                 return call_model(state, model, lambda: messages, what, announced=False, **kwargs)
 
             try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "DEEPEYES_SYSTEM_PROMPT",
@@ -175,7 +175,7 @@ def format_question(
     return f"Question: {question}\n        Options: \n{listed}\n        "
 
 
-def tools_system_prompt(tool_schemas: Sequence[dict]) -> str:
+def tools_system_prompt(tool_schemas: Sequence[dict[str, Any]]) -> str:
     """A DeepEyes-style system prompt declaring arbitrary tools (Qwen ``<tools>`` block).
 
     For the single ``image_zoom_in_tool`` the verbatim DeepEyes prompt is used instead.
@@ -225,7 +225,7 @@ class Prompts:
         return text
 
     @classmethod
-    def thyme(cls, **overrides) -> Prompts:
+    def thyme(cls, **overrides: Any) -> Prompts:
         """The prompts of the published Thyme runs."""
         return cls(
             **{"question_style": "thyme", "agent_system": THYME_SYSTEM_PROMPT, **overrides}

@@ -145,7 +145,9 @@ def _check_k(k: int, available: int, clamp: bool) -> int:
 def sorted_separability(top: np.ndarray) -> np.ndarray:
     """Per-token S of a (tokens, K) matrix sorted descending: logits or log-probs alike."""
     competitors = top[:, 1:]
-    return (top[:, 0] - competitors.mean(axis=1)) / (competitors.std(axis=1) + EPS)
+    # numpy types an untyped ndarray's slices as Any: the result is a (tokens,) array
+    per_token: np.ndarray = (top[:, 0] - competitors.mean(axis=1)) / (competitors.std(axis=1) + EPS)
+    return per_token
 
 
 def token_separability(logits: Any, k: int = DEFAULT_K, *, clamp: bool = False) -> np.ndarray:
@@ -331,7 +333,7 @@ def softmax_confidence_from_logprobs(top_logprobs: Any) -> float:
     return float(np.exp(firsts.mean()))
 
 
-def _content(top_logprobs: Any) -> Sequence:
+def _content(top_logprobs: Any) -> Sequence[Any]:
     """The answer's per-token entries of OpenAI-format ``logprobs`` (or the list itself),
     without a trailing end-of-turn token."""
     content = top_logprobs.get("content") if isinstance(top_logprobs, Mapping) else top_logprobs

@@ -132,7 +132,7 @@ class Query(TypedDict):
 MISSING = EphemeralValue(object).value  # LangGraph's "no value" marker, without its internals
 
 
-class RunInput(EphemeralValue):
+class RunInput(EphemeralValue[Any]):
     """An input key of one run: in the checkpoints until the step that reads it, then gone.
 
     LangGraph clears an ephemeral channel in the first step that does not write it, which

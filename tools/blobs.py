@@ -30,8 +30,9 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 __all__ = [
     "BLOB_SCHEME",
@@ -140,7 +141,15 @@ class _Pruned:
         raise NotImplementedError
 
 
-def _prune_oldest(entries, max_bytes, max_age_s, remove) -> int:
+_Name = TypeVar("_Name")  # how a store names an entry: a Path, an fsspec path
+
+
+def _prune_oldest(
+    entries: Sequence[tuple[float, int, _Name]],
+    max_bytes: int | None,
+    max_age_s: float | None,
+    remove: Callable[[_Name], object],
+) -> int:
     """Remove from (time, size, name) entries, oldest first: those over the age, then until
     the rest fit in ``max_bytes``. Returns how many went."""
     total = sum(size for _, size, _ in entries)
@@ -169,7 +178,7 @@ class DirectoryBlobs(_Pruned):
 
     def __init__(
         self,
-        root: str | os.PathLike,
+        root: str | os.PathLike[str],
         *,
         max_bytes: int | None = None,
         max_age_s: float | None = None,
@@ -278,17 +287,19 @@ class FsspecBlobs(_Pruned):
 
     def get(self, key: str) -> bytes | None:
         try:
-            return self.fs.cat_file(self._path(key))
+            data: bytes = self.fs.cat_file(self._path(key))  # fsspec is untyped: the bytes
+            return data
         except FileNotFoundError:
             return None
 
-    def _modified(self, info: dict) -> float:
+    def _modified(self, info: dict[str, Any]) -> float:
         for field in ("mtime", "LastModified", "updated", "last_modified", "created"):
             value = info.get(field)
             if value is None:
                 continue
             if hasattr(value, "timestamp"):
-                return value.timestamp()
+                stamp: float = value.timestamp()  # a datetime (or pandas Timestamp)
+                return stamp
             if isinstance(value, (int, float)):
                 return float(value)
             try:

@@ -54,6 +54,10 @@ _OUTERMOST: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 )
 
 
+# what a worker thread is handed: the caller's context and the call to run in it
+_Job = tuple[contextvars.Context, Callable[[], None]]
+
+
 class _Workers:
     """Reusable daemon threads: a hung call keeps its thread, everyone else gets an idle one
     or a new one (never blocked behind it), and a hung thread never holds up process exit.
@@ -62,7 +66,7 @@ class _Workers:
 
     def __init__(self, max_idle: int = 64):
         self.max_idle = max_idle
-        self._idle: list[queue.SimpleQueue] = []
+        self._idle: list[queue.SimpleQueue[_Job]] = []
         self._lock = threading.Lock()
 
     def run(self, ctx: contextvars.Context, job: Callable[[], None]) -> None:
@@ -75,7 +79,7 @@ class _Workers:
             ).start()
         inbox.put((ctx, job))
 
-    def _work(self, inbox: queue.SimpleQueue) -> None:
+    def _work(self, inbox: queue.SimpleQueue[_Job]) -> None:
         while True:
             ctx, job = inbox.get()
             ctx.run(job)
@@ -88,10 +92,10 @@ class _Workers:
 _WORKERS = _Workers()
 
 
-def start_in_background(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future:
+def start_in_background(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
     """Run ``fn(*args, **kwargs)`` on a reusable daemon thread, in a copy of the caller's
     context (deadline, callbacks, tracing); the future holds its result or error."""
-    future: Future = Future()
+    future: Future[T] = Future()
     ctx = contextvars.copy_context()
 
     def run() -> None:

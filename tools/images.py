@@ -34,10 +34,10 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -243,8 +243,10 @@ class ImageStore:
         self._bytes = 0
         self._lock = threading.Lock()
         self._loading: dict[Any, threading.Lock] = {}
-        self._views: OrderedDict[tuple, str] = OrderedDict()  # (source key, resize) -> blob key
-        self._derived: OrderedDict[str, tuple] = OrderedDict()  # view key -> how to render it
+        # (source key, resize) -> blob key
+        self._views: OrderedDict[tuple[Any, ResizeSpec | None], str] = OrderedDict()
+        # view key -> how to render it: (reference, resize, source key)
+        self._derived: OrderedDict[str, tuple[str, ResizeSpec | None, Any]] = OrderedDict()
         self.max_views = 4096
 
     # --- references ----------------------------------------------------------------------
@@ -268,7 +270,7 @@ class ImageStore:
                 known = ref in self._derived or ref in self._cache
             if not known:
                 self.read(ref)  # raises if unknown
-            return ref
+            return cast(str, ref)  # _kind made sure: a blob key is a str
         if kind == "data":
             return self.put(read_data_url(ref, self.policy))
         if kind == "url":
@@ -309,7 +311,7 @@ class ImageStore:
 
     # --- pixels --------------------------------------------------------------------------
 
-    def _source(self, ref: str) -> tuple[Any, Any]:
+    def _source(self, ref: str) -> tuple[Any, Callable[[], bytes]]:
         """(cache key, loader) for a reference, applying the policy."""
         kind = _kind(ref)
         if kind == "file":

@@ -123,7 +123,7 @@ class _BoxArgs(BaseModel):
         description="Region as [x1, y1, x2, y2]: (x1, y1) top-left and (x2, y2) bottom-right corner."
     )
     image_index: int = Field(default=0, description="Which of the query's images (0 = the first).")
-    state: Annotated[dict, InjectedState]
+    state: Annotated[dict[str, Any], InjectedState]
 
 
 class _DeepEyesArgs(BaseModel):
@@ -139,12 +139,12 @@ class _DeepEyesArgs(BaseModel):
         default=None,
         description="The name or label of the object in the specified bounding box (optional).",
     )
-    state: Annotated[dict, InjectedState]
+    state: Annotated[dict[str, Any], InjectedState]
 
 
 def _image_result(
     name: str, out: np.ndarray, box: PixelBox, ref: str, t0: float, label: str | None = None
-):
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     h, w = out.shape[:2]
     text = f"{name}: region {box.as_list()} of the original image, shown at {w}x{h}."
     if box.notes:
@@ -177,7 +177,9 @@ def make_crop_tool(
     """A crop tool: the region at native resolution (downscaled only past ``max_output_pixels``)."""
     resize = resize or ResizeSpec()
 
-    def crop(bbox: list[float], state: dict, image_index: int = 0):
+    def crop(
+        bbox: list[float], state: dict[str, Any], image_index: int = 0
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         t0 = time.perf_counter()
         ref, image = query_image(state, image_index, store)
         box = resolve_box(bbox, image, coordinates, resize, min_side)
@@ -213,7 +215,9 @@ def make_zoom_tool(
     """A zoom tool: crop, then enlarge so small details become visible to the model."""
     resize = resize or ResizeSpec()
 
-    def zoom(bbox: list[float], state: dict, image_index: int = 0):
+    def zoom(
+        bbox: list[float], state: dict[str, Any], image_index: int = 0
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         t0 = time.perf_counter()
         ref, image = query_image(state, image_index, store)
         h, w = image.shape[:2]
@@ -254,7 +258,9 @@ def make_image_zoom_in_tool(
     """
     resize = resize or ResizeSpec()
 
-    def image_zoom_in_tool(bbox_2d: list[float], state: dict, label: str | None = None):
+    def image_zoom_in_tool(
+        bbox_2d: list[float], state: dict[str, Any], label: str | None = None
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         t0 = time.perf_counter()
         ref, image = query_image(state, 0, store)
         h, w = image.shape[:2]

@@ -72,7 +72,7 @@ def demo_checkpoints() -> dict[str, Path]:
 
 
 def demo_queries(
-    folder: Path,
+    folder: str | Path,
     n: int = 60,
     zoom_share: float = ZOOM_SHARE,
     seed: int = EVAL_SEED,
@@ -86,6 +86,7 @@ def demo_queries(
     the queries depth-1 speculation must hand back. They come from a generator of their own,
     and the scene each replaces is still drawn, so every other scene is the same at any share.
     """
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     n_tiny = int(round(n * zoom_share))

@@ -13,16 +13,21 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
+from typing import Any, cast
 
 __all__ = ["aegra_config", "langgraph_config", "write_server_configs"]
 
 
-def langgraph_config() -> dict:
+def langgraph_config() -> dict[str, Any]:
     """The shipped ``langgraph.json`` (graphs by module path, with their descriptions)."""
-    return json.loads(resources.files(__name__).joinpath("langgraph.json").read_text())
+    # json.loads returns Any; the shipped langgraph.json is a JSON object
+    return cast(
+        dict[str, Any],
+        json.loads(resources.files(__name__).joinpath("langgraph.json").read_text()),
+    )
 
 
-def aegra_config() -> dict:
+def aegra_config() -> dict[str, Any]:
     """An ``aegra.json``: the same graphs, by the file path of this install's ``serve.py``."""
     from speceyes_graph import serve
 

@@ -26,7 +26,7 @@ import threading
 import time
 import warnings
 from collections.abc import Hashable, Iterator, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -177,7 +177,10 @@ class ChatTransformersVLM(BaseChatModel):
         else:
             if looks_like_hub_id(self.model) and (problem := hub_problem(self.model)):
                 raise OSError(problem)  # what from_pretrained raises, minutes sooner
-            self._processor = AutoProcessor.from_pretrained(self.model, **self.processor_kwargs)
+            # transformers leaves AutoProcessor.from_pretrained unannotated
+            self._processor = AutoProcessor.from_pretrained(  # type: ignore[no-untyped-call]
+                self.model, **self.processor_kwargs
+            )
             has_cuda = torch.cuda.is_available()
             kwargs: dict[str, Any] = {
                 "dtype": self.dtype
@@ -189,7 +192,8 @@ class ChatTransformersVLM(BaseChatModel):
             if self.attn_implementation:
                 kwargs["attn_implementation"] = self.attn_implementation
             kwargs.update(self.model_kwargs)
-            self._hf_model = AutoModelForImageTextToText.from_pretrained(
+            # transformers' PreTrainedModel.eval (over torch's typed one) is unannotated
+            self._hf_model = AutoModelForImageTextToText.from_pretrained(  # type: ignore[no-untyped-call]
                 self.model, **kwargs
             ).eval()
         # generation needs left padding; many checkpoints save "right"
@@ -304,9 +308,9 @@ class ChatTransformersVLM(BaseChatModel):
 
     def bind_tools(
         self,
-        tools: Sequence[BaseTool | dict | Any],
+        tools: Sequence[BaseTool | dict[str, Any] | Any],
         *,
-        tool_choice: str | dict | bool | None = None,
+        tool_choice: str | dict[str, Any] | bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """Declare tools in the prompt through the checkpoint's chat template (as trained).
@@ -365,10 +369,10 @@ class ChatTransformersVLM(BaseChatModel):
     def _prepare(
         self,
         messages: Sequence[BaseMessage],
-        tools: list[dict] | None = None,
+        tools: list[dict[str, Any]] | None = None,
         prefill: str = "",
         continue_final: bool | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Chat template, images and processor for one request; ``prefill`` starts the reply."""
         converted = convert_messages(messages, self._escape)
         # A conversation ending in an assistant turn is continued, not answered anew (Thyme
@@ -394,7 +398,7 @@ class ChatTransformersVLM(BaseChatModel):
             **self._token_counts(inputs),
         }
 
-    def _token_counts(self, inputs: Any) -> dict:
+    def _token_counts(self, inputs: Any) -> dict[str, Any]:
         """What a request weighs in a batch's token budget, from the processor's output:
         prompt tokens (text and image placeholders) and, from the image grid, the image
         tokens and each image's size as the model sees it (resized)."""
@@ -428,13 +432,14 @@ class ChatTransformersVLM(BaseChatModel):
         configs = [{**c, "max_concurrency": width} for c in configs]
         return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
 
-    def _call(self, key: Hashable, prepared: dict) -> AIMessage:
+    def _call(self, key: Hashable, prepared: dict[str, Any]) -> AIMessage:
         """One request through the batch worker, within the deadline, with retries."""
         with deadline_scope(None if self.timeout is None else time.time() + self.timeout):
             retries = self.max_retries
             while True:
                 try:
-                    return self.scheduler.call(key, prepared)
+                    # the scheduler returns what run_batch made: BatchedGeneration's AIMessage
+                    return cast(AIMessage, self.scheduler.call(key, prepared))
                 except DeadlineExceeded:
                     raise
                 except Exception:
@@ -443,13 +448,14 @@ class ChatTransformersVLM(BaseChatModel):
                     retries -= 1
                     log.warning("generation failed; retrying (%d left)", retries)
 
-    async def _acall(self, key: Hashable, prepared: dict) -> AIMessage:
+    async def _acall(self, key: Hashable, prepared: dict[str, Any]) -> AIMessage:
         """:meth:`_call` awaiting the batch worker instead of blocking a thread on it."""
         with deadline_scope(None if self.timeout is None else time.time() + self.timeout):
             retries = self.max_retries
             while True:
                 try:
-                    return await self.scheduler.acall(key, prepared)
+                    # the scheduler returns what run_batch made: BatchedGeneration's AIMessage
+                    return cast(AIMessage, await self.scheduler.acall(key, prepared))
                 except DeadlineExceeded:
                     raise
                 except Exception:
@@ -458,7 +464,9 @@ class ChatTransformersVLM(BaseChatModel):
                     retries -= 1
                     log.warning("generation failed; retrying (%d left)", retries)
 
-    def _prepare_request(self, key: Hashable, messages: list[BaseMessage], request: dict) -> dict:
+    def _prepare_request(
+        self, key: Hashable, messages: list[BaseMessage], request: dict[str, Any]
+    ) -> dict[str, Any]:
         """Prepare one request under the CPU gate; a failure withdraws its announcement."""
         try:
             with self._preparing("request preparation"):
@@ -502,7 +510,13 @@ class ChatTransformersVLM(BaseChatModel):
         message = await self._acall(key, prepared)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
-    def _should_stream(self, *, async_api: bool, run_manager=None, **kwargs: Any) -> bool:
+    def _should_stream(
+        self,
+        *,
+        async_api: bool,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> bool:
         # Only an explicit stream()/astream() (or streaming=True) streams: a callback handler
         # that could take tokens (LangGraph's stream_mode="messages") must not turn every
         # call inside a graph into an unbatched generation.
@@ -511,7 +525,11 @@ class ChatTransformersVLM(BaseChatModel):
         return super()._should_stream(async_api=async_api, run_manager=run_manager, **kwargs)
 
     def _should_use_protocol_streaming(
-        self, *, async_api: bool, run_manager=None, **kwargs: Any
+        self,
+        *,
+        async_api: bool,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
     ) -> bool:
         if not (kwargs.get("stream") or self.streaming):
             return False

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -30,7 +30,7 @@ _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"
 _ZWSP = "\u200b"
 
 
-def special_token_escaper(tokenizer: Any):
+def special_token_escaper(tokenizer: Any) -> Callable[[str], str]:
     """A function that makes the tokenizer's special-token strings inert in user text."""
     specials: set[str] = set(getattr(tokenizer, "all_special_tokens", []) or [])
     for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
@@ -51,7 +51,7 @@ def _pixels(ref: str) -> tuple[np.ndarray, str | None]:
     return load_image(ref), None
 
 
-def _block_image(block: dict) -> tuple[np.ndarray, str | None] | None:
+def _block_image(block: dict[str, Any]) -> tuple[np.ndarray, str | None] | None:
     """(pixels, content key or None) of a LangChain / OpenAI image block; None if not one."""
     kind = block.get("type")
     if kind == "image_url":
@@ -78,14 +78,14 @@ def _parts(content: Any) -> Iterable[Any]:
 
 
 class HFMessages(NamedTuple):
-    messages: list[dict]  # for the chat template
+    messages: list[dict[str, Any]]  # for the chat template
     images: list[np.ndarray]  # in order of appearance
     image_keys: list[str | None]  # the blob key naming each image's content, if it has one
 
 
 def to_hf_messages(
-    messages: Sequence[BaseMessage], escape=None
-) -> tuple[list[dict], list[np.ndarray]]:
+    messages: Sequence[BaseMessage], escape: Callable[[str], str] | None = None
+) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
     """LangChain messages -> (chat-template messages, images in order of appearance).
 
     ``escape`` (from :func:`special_token_escaper`) is applied to every text part.
@@ -94,17 +94,19 @@ def to_hf_messages(
     return converted.messages, converted.images
 
 
-def convert_messages(messages: Sequence[BaseMessage], escape=None) -> HFMessages:
+def convert_messages(
+    messages: Sequence[BaseMessage], escape: Callable[[str], str] | None = None
+) -> HFMessages:
     """:func:`to_hf_messages`, also naming each image by its content key (for caches)."""
     escape = escape or (lambda text: text)
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     images: list[np.ndarray] = []
     keys: list[str | None] = []
     for m in messages:
         role = _ROLES.get(m.type)
         if role is None:
             raise ValueError(f"unsupported message type {m.type!r}")
-        parts: list[dict] = []
+        parts: list[dict[str, Any]] = []
         for block in _parts(m.content):
             if isinstance(block, str):
                 if block:

@@ -17,13 +17,16 @@ fails fails only its query, recorded in ``error``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
 from speceyes_tools.images import ResizeSpec
 
 from .served import check_top_logprobs, describe_served_model, served_resize
+
+if TYPE_CHECKING:
+    from .served_chat import ServedChatModel
 
 __all__ = ["openai_chat_model", "openai_models"]
 
@@ -41,7 +44,7 @@ def openai_chat_model(
     context_length: int | None = None,
     probe: bool = True,
     **kwargs: Any,
-):
+) -> ServedChatModel:
     """A greedy ``ChatOpenAI`` client for one served model (``top_logprobs`` for speculators).
 
     With ``probe`` (the default) the server is asked what it serves (:mod:`.served`): the

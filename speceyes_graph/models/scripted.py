@@ -62,7 +62,7 @@ class ScriptedChatModel(BaseChatModel):
             await asyncio.sleep(self.delay_s)
         return self._reply(messages, stop, kwargs)
 
-    def _reply(self, messages: list[BaseMessage], stop: Any, kwargs: dict) -> ChatResult:
+    def _reply(self, messages: list[BaseMessage], stop: Any, kwargs: dict[str, Any]) -> ChatResult:
         self.calls += 1
         self.call_kwargs.append({"stop": stop, **kwargs})
         self.received.append(list(messages))
@@ -77,7 +77,7 @@ class ScriptedChatModel(BaseChatModel):
 
 def fake_logprobs(
     tokens: Sequence[str], separability: Sequence[float], k: int = 64, seed: int = 0
-) -> dict:
+) -> dict[str, Any]:
     """OpenAI ``logprobs`` with per-token separability exactly ``separability[i]`` at top-``k``.
 
     Competitors are deterministic pseudo-random logits; the top-1 is placed so that
