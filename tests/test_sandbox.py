@@ -105,14 +105,47 @@ def descendants(procs: dict[int, tuple[int, bytes]], roots) -> set[int]:
     return found
 
 
+def _in_sandbox(cmd: bytes) -> bool:
+    return b"/sandbox/runner.py" in cmd or cmd.split(b"\0", 1)[0].endswith(b"bwrap")
+
+
+def _owner(procs: dict[int, tuple[int, bytes]], pid: int) -> int:
+    """The first ancestor of ``pid`` that is not part of a sandbox (bwrap, the runner)."""
+    seen: set[int] = set()
+    while pid in procs and _in_sandbox(procs[pid][1]) and pid not in seen:
+        seen.add(pid)
+        pid = procs[pid][0]
+    return pid
+
+
+def _exe(pid: int) -> str | None:
+    try:
+        return os.path.realpath(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
 def stray_processes(*sandboxes: Sandbox) -> set[int]:
-    """Children of this test process and sandbox runners anywhere, except the warm (idle,
-    not yet used) processes of ``sandboxes`` and their own children."""
+    """Sandbox processes (bubblewrap, the runner, whatever the code in them started) of this
+    test process, and those that escaped their parent (re-parented to init or a subreaper),
+    except the warm (idle, not yet used) processes of ``sandboxes`` and their own children.
+
+    Not counted: the rest of this process's children (under pytest-xdist a worker also holds
+    the session's servers: Postgres starts autovacuum workers now and then), and another
+    test process's sandboxes (a sandbox whose first ancestor outside it is another live
+    process of this Python). Both made these tests fail when the suite's two workers ran
+    them beside engine or sandbox tests."""
     procs = processes()
     warm = {p.popen.pid for box in sandboxes for p in list(box._idle)}
-    mine = descendants(procs, [os.getpid()]) - {os.getpid()}
-    runners = {pid for pid, (_, cmd) in procs.items() if b"/sandbox/runner.py" in cmd}
-    return (mine | runners) - descendants(procs, warm)
+    python = os.path.realpath(sys.executable)
+    roots = set()
+    for pid, (ppid, cmd) in procs.items():
+        if not _in_sandbox(cmd) or _in_sandbox(procs.get(ppid, (0, b""))[1]):
+            continue  # not a sandbox process, or not the top of one
+        owner = _owner(procs, pid)
+        if owner == os.getpid() or _exe(owner) != python:  # ours, or escaped
+            roots.add(pid)
+    return descendants(procs, roots) - descendants(procs, warm)
 
 
 def no_new_processes(before: set[int], *sandboxes: Sandbox, within: float = 10.0) -> set[int]:
