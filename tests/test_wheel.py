@@ -28,16 +28,20 @@ def uv() -> str:
     return found
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+def build(kind: str, source: Path, out: Path) -> Path:
+    """``uv build --wheel`` or ``--sdist`` of ``source`` (the repository, or an sdist)."""
     done = subprocess.run(
-        [uv(), "build", "--wheel", "-o", str(out), str(ROOT)],
+        [uv(), "build", f"--{kind}", "-o", str(out), str(source)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    (found,) = out.glob("speceyes_graph-*.whl")
+    (found,) = out.glob("speceyes_graph-*.whl" if kind == "wheel" else "speceyes_graph-*.tar.gz")
     return found
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return build("wheel", ROOT, tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="module")
@@ -131,22 +135,12 @@ def test_the_sdist_builds_the_same_wheel_and_leaves_the_tests_out(wheel, tmp_pat
     with the same files as the repository's."""
     import tarfile
 
-    done = subprocess.run(
-        [uv(), "build", "--sdist", "-o", str(tmp_path), str(ROOT)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    (sdist,) = tmp_path.glob("speceyes_graph-*.tar.gz")
+    sdist = build("sdist", ROOT, tmp_path)
     with tarfile.open(sdist) as t:
         top = {name.split("/", 2)[1] for name in t.getnames() if name.count("/") >= 1}
     assert {"LICENSE", "README.md", "pyproject.toml", "speceyes_graph", "tools"} <= top
     assert "tests" not in top
-    done = subprocess.run(
-        [uv(), "build", "--wheel", "-o", str(tmp_path / "from-sdist"), str(sdist)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    (rebuilt,) = (tmp_path / "from-sdist").glob("*.whl")
+    rebuilt = build("wheel", sdist, tmp_path / "from-sdist")
     with zipfile.ZipFile(wheel) as a, zipfile.ZipFile(rebuilt) as b:
         assert sorted(a.namelist()) == sorted(b.namelist())
 
