@@ -10,6 +10,7 @@ the path of the installed ``serve.py``. Either way the models are built once per
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from importlib import resources
 from pathlib import Path
@@ -29,9 +30,10 @@ def langgraph_config() -> dict[str, Any]:
 
 def aegra_config() -> dict[str, Any]:
     """An ``aegra.json``: the same graphs, by the file path of this install's ``serve.py``."""
-    from speceyes_graph import serve
-
-    serve_py = Path(serve.__file__).resolve()
+    # located, not imported: importing serve.py builds the served models
+    spec = importlib.util.find_spec("speceyes_graph.serve")
+    assert spec is not None and spec.origin is not None  # a module of this package
+    serve_py = Path(spec.origin).resolve()
     graphs = {
         graph_id: f"{serve_py}:{spec['path'].rsplit(':', 1)[1]}"
         for graph_id, spec in langgraph_config()["graphs"].items()
@@ -44,11 +46,12 @@ def write_server_configs(folder: str | Path, *, overwrite: bool = False) -> list
     existing file is kept unless ``overwrite``. Returns the files written."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, config in (("langgraph.json", langgraph_config()), ("aegra.json", aegra_config())):
-        path = folder / name
-        if path.exists() and not overwrite:
-            raise FileExistsError(f"{path} exists; pass overwrite=True (--force) to replace it")
+    configs = {folder / "langgraph.json": langgraph_config(), folder / "aegra.json": aegra_config()}
+    existing = [str(path) for path in configs if path.exists()]
+    if existing and not overwrite:  # checked before writing either: no half-written folder
+        raise FileExistsError(
+            f"already exists: {', '.join(existing)}; pass overwrite=True (--force)"
+        )
+    for path, config in configs.items():
         path.write_text(json.dumps(config, indent=2) + "\n")
-        written.append(path)
-    return written
+    return list(configs)
