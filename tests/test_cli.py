@@ -52,7 +52,7 @@ def test_graph_drawing(tmp_path, capsys):
 
 
 def test_workflow_edges_are_labelled():
-    from speceyes_graph.cli import _placeholder_graph
+    from speceyes_graph.cli.graph import _placeholder_graph
     from speceyes_graph.drawing import to_dot
 
     g = _placeholder_graph("speceyes", "deepeyes").compile().get_graph(xray=True)
@@ -70,7 +70,7 @@ def test_workflow_edges_are_labelled():
 def test_png_without_graphviz(monkeypatch):
     import shutil
 
-    from speceyes_graph.cli import _placeholder_graph
+    from speceyes_graph.cli.graph import _placeholder_graph
     from speceyes_graph.drawing import draw
 
     monkeypatch.setattr(shutil, "which", lambda name: None)

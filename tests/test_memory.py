@@ -264,7 +264,7 @@ def test_the_gpu_benchmark_resolution_part_runs_at_tiny_scale():
 
 
 def test_specs_and_the_cli_pass_the_budget_on(tiny_models):
-    from speceyes_graph.cli import _batch_tokens
+    from speceyes_graph.cli.bench import _batch_tokens
     from speceyes_graph.models.specs import ModelSpec, load_chat_model
 
     assert [_batch_tokens(v) for v in ("auto", "None", "4000")] == ["auto", None, 4000]
@@ -276,7 +276,7 @@ def test_specs_and_the_cli_pass_the_budget_on(tiny_models):
 
 
 def test_bench_prints_how_each_model_batched_and_any_memory_trouble():
-    from speceyes_graph.cli import _batching_lines
+    from speceyes_graph.cli.bench import _batching_lines
     from speceyes_graph.models import BatchStats
 
     stats = BatchStats(calls=3, requests=6, out_of_memory=1, split=1, max_tokens=900)
