@@ -90,9 +90,17 @@ def raw_draft_score(
     record: dict, aggregation: Aggregation, k: int | None = None, key: str = "draft"
 ) -> float | None:
     """A record's aggregated separability (before the sigmoid) recomputed from its draft's
-    sorted top-K log-probs (``key="tool_draft"``: the answer of depth-D speculation)."""
-    top = (record.get(key) or {}).get("top_logprobs")
+    sorted top-K log-probs (``key="tool_draft"``: the answer of depth-D speculation).
+
+    A score-only draft (imported from the published scripts, which keep no log-probs) has the
+    separability its recorded score implies, under the aggregation it was scored with and no
+    other: None for any other aggregation, never a made-up value."""
+    draft = record.get(key) or {}
+    top = draft.get("top_logprobs")
     if not top:
+        if draft.get("score_only") and draft.get("aggregation") == aggregation:
+            value = draft.get("separability")
+            return float(value) if isinstance(value, (int, float)) else None
         return None
     m = np.asarray(top, dtype=float)
     if k is not None:
@@ -165,10 +173,23 @@ def _losses_and_scores(records, agent, aggregation, k, key="draft"):
     return np.asarray(scores), np.asarray(losses)
 
 
-def _certified_tau(scores, losses, grid, max_drop, level) -> float | None:
+def _unlabelled_floor(records, scores, key="draft") -> float:
+    """The highest score of a draft whose correctness is unknown (``{key}_correct`` None:
+    imported drafts whose text the script dropped); -inf when every draft is labelled. Only
+    taus at or above it accept labelled drafts alone, so only those can be certified."""
+    unknown = [
+        s
+        for r, s in zip(records, scores, strict=True)
+        if r.get(key) and r.get(f"{key}_correct") is None and np.isfinite(s)
+    ]
+    return max(unknown) if unknown else -math.inf
+
+
+def _certified_tau(scores, losses, grid, max_drop, level, floor=-math.inf) -> float | None:
     """Fixed-sequence testing, most conservative tau first: the last tau whose risk > EPS
-    is rejected at ``level`` (None: not even the strictest)."""
+    is rejected at ``level`` (None: not even the strictest); no tau below ``floor``."""
     candidates = grid or sorted(set(scores[np.isfinite(scores)].tolist()))
+    candidates = [t for t in candidates if t >= floor]
     chosen = None
     for tau in sorted(candidates, reverse=True):
         accepted = scores > tau
@@ -237,7 +258,8 @@ def calibrate(
     per_level = delta / len(aggregations)
     for aggregation in aggregations:
         scores, losses = _losses_and_scores(cal, agent, aggregation, k)
-        chosen = _certified_tau(scores, losses, grid, max_drop, per_level)
+        floor = _unlabelled_floor(cal, scores)
+        chosen = _certified_tau(scores, losses, grid, max_drop, per_level, floor)
         if chosen is not None:
             acceptance = float((scores > chosen).mean())
             if best is None or acceptance > best[0]:
@@ -257,6 +279,11 @@ def calibrate(
     )
     scores, losses = _losses_and_scores(cal, agent, aggregation, k)
     result.calibration = _evaluate(scores, losses, tau, cal, agent)
+    n_unlabelled = sum(1 for r in cal if r.get("draft") and r.get("draft_correct") is None)
+    if n_unlabelled:
+        result.calibration.update(
+            unlabelled_drafts=n_unlabelled, tau_floor=float(_unlabelled_floor(cal, scores))
+        )
     result.distribution = _distribution(cal, aggregation, k, tau)
     if test:
         scores, losses = _losses_and_scores(test, agent, aggregation, k)
@@ -264,7 +291,8 @@ def calibrate(
     if any(r.get("tool_draft") for r in cal):  # depth-D speculation: its own threshold
         key = "tool_draft"
         scores, losses = _losses_and_scores(cal, agent, aggregation, k, key)
-        chosen = _certified_tau(scores, losses, grid, max_drop, delta)
+        floor = _unlabelled_floor(cal, scores, key)
+        chosen = _certified_tau(scores, losses, grid, max_drop, delta, floor)
         result.tau_depth = 1.0 if chosen is None else float(chosen)
         result.depth_calibration = _evaluate(scores, losses, result.tau_depth, cal, agent, key)
         result.depth_distribution = _distribution(cal, aggregation, k, result.tau_depth, key)

@@ -51,9 +51,14 @@ def draft_token_scores(draft: dict) -> np.ndarray | None:
 
 def draft_score(draft: dict, aggregation: Aggregation, score: str = "separability") -> float | None:
     """A recorded draft re-gated offline: its acceptance score under another aggregation or
-    score (the sweep's what-ifs), None when it kept no log-probs."""
+    score (the sweep's what-ifs), None when it kept no log-probs (a score-only draft: its
+    recorded score, under the aggregation it was scored with only)."""
     ts = draft_token_scores(draft)
     if ts is None or len(ts) == 0:
+        if draft and draft.get("score_only"):  # imported: the one score its source computed
+            if score == "softmax":
+                return draft.get("softmax_confidence")
+            return draft.get("score") if draft.get("aggregation") == aggregation else None
         return None
     if score == "softmax":
         return float(np.exp(np.mean(np.asarray(draft["top_logprobs"], dtype=float)[:, 0])))

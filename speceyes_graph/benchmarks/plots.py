@@ -9,8 +9,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..separability import DEFAULT_ALPHA, aggregate
-from .draft_scores import auroc, draft_score, draft_token_scores
+from ..calibration import raw_draft_score
+from ..separability import DEFAULT_ALPHA
+from .draft_scores import auroc, draft_score
 
 __all__ = ["write_plots"]
 
@@ -33,11 +34,14 @@ def write_plots(report: dict[str, Any], out: Path) -> list[str]:
     if sw.get("curves"):
         fig, ax = plt.subplots(figsize=(7, 5))
         styles = [("-", "o"), ("--", "s"), ("-.", "^"), (":", "D"), ((0, (5, 1, 1, 1)), "v")]
+        # without per-query latencies (imported runs) the x axis is the share accepted instead
+        timed = all(c["speedup"] is not None for curve in sw["curves"].values() for c in curve)
+        x_key = "speedup" if timed else "accepted"
         for i, (name, curve) in enumerate(sw["curves"].items()):
             ls, marker = styles[i % len(styles)]
             ax.plot(
-                [c["speedup"] for c in curve],
-                [c["accuracy"] for c in curve],
+                [c[x_key] for c in curve],
+                [math.nan if c["accuracy"] is None else c["accuracy"] for c in curve],
                 ls=ls,
                 marker=marker,
                 ms=5,
@@ -47,26 +51,31 @@ def write_plots(report: dict[str, Any], out: Path) -> list[str]:
                 label=name,
             )
         ax.scatter(
-            [1.0], [sw["baseline_accuracy"]], color="black", marker="*", s=120, zorder=5,
-            label="agent only",
+            [1.0 if timed else 0.0], [sw["baseline_accuracy"]], color="black", marker="*", s=120,
+            zorder=5, label="agent only",
         )  # fmt: skip
-        ax.set_xlabel("modelled speedup over agent only (higher tau: left)")
+        if timed:
+            ax.set_xlabel("modelled speedup over agent only (higher tau: left)")
+            ax.set_title(f"Accuracy vs modelled speedup as tau varies ({sw['n']} queries)")
+        else:
+            ax.set_xlabel("share of queries answered by an accepted draft (higher tau: left)")
+            ax.set_title(f"Accuracy vs drafts accepted as tau varies ({sw['n']} queries)")
         ax.set_ylabel("accuracy")
-        ax.set_title(f"Accuracy vs modelled speedup as tau varies ({sw['n']} queries)")
         ax.legend(fontsize=8, title="score:aggregation", title_fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(out / "accuracy_vs_speedup.png", dpi=110)
         plt.close(fig)
         written.append("accuracy_vs_speedup.png")
+    # labelled drafts with a separability under min (token log-probs, or an imported score)
     scored = [
-        (r, ts)
+        (r, s)
         for r in report["_records"]
-        if r.get("draft") and (ts := draft_token_scores(r["draft"])) is not None
+        if r.get("draft_correct") is not None and (s := raw_draft_score(r, "min")) is not None
     ]
     records = [r for r, _ in scored]
     if records:
-        raw = [aggregate(ts, "min") for _, ts in scored]
+        raw = [s for _, s in scored]
         right = [s for s, r in zip(raw, records, strict=True) if r["draft_correct"]]
         wrong = [s for s, r in zip(raw, records, strict=True) if not r["draft_correct"]]
         tau = _gate_tau(report)
@@ -106,6 +115,9 @@ def write_plots(report: dict[str, Any], out: Path) -> list[str]:
                 ),
             ),
         )
+        lo, hi = ax.get_xlim()
+        ticks = [t for t in (0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999) if lo < _logit(t) < hi]
+        top.set_xticks(ticks, [f"{t:g}" for t in ticks])  # auto ticks crowd near 1
         top.set_xlabel(f"gate score = sigmoid({DEFAULT_ALPHA:g} x separability)", fontsize=9)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -116,14 +128,11 @@ def write_plots(report: dict[str, Any], out: Path) -> list[str]:
         if 0 < sum(labels) < len(labels):
             fig, ax = plt.subplots(figsize=(5, 5))
             # every record kept has token scores, so draft_score is never None for it
-            softmax = cast(
-                list[float], [draft_score(r["draft"], "min", "softmax") for r in records]
-            )
-            curves: tuple[tuple[str, list[float]], ...] = (
-                ("separability (min)", raw),
-                ("softmax confidence", softmax),
-            )
-            for (name, scores), ls in zip(curves, ("-", "--"), strict=True):
+            softmax = [draft_score(r["draft"], "min", "softmax") for r in records]
+            curves: list[tuple[str, list[float]]] = [("separability (min)", raw)]
+            if all(s is not None for s in softmax):  # imported drafts have no softmax score
+                curves.append(("softmax confidence", cast(list[float], softmax)))
+            for (name, scores), ls in zip(curves, ("-", "--"), strict=False):
                 fpr, tpr = _roc(scores, labels)
                 ax.plot(fpr, tpr, ls=ls, label=f"{name}: AUROC {auroc(scores, labels):.3f}")
             ax.plot([0, 1], [0, 1], color="grey", ls=":", label="chance")
@@ -136,6 +145,11 @@ def write_plots(report: dict[str, Any], out: Path) -> list[str]:
             plt.close(fig)
             written.append("separability_vs_softmax_roc.png")
     return written
+
+
+def _logit(p: float) -> float:
+    """The separability at which the gate score is ``p``."""
+    return math.log(p / (1 - p)) / DEFAULT_ALPHA
 
 
 def _roc(scores: Sequence[float], labels: Sequence[bool]) -> tuple[list[float], list[float]]:

@@ -146,7 +146,10 @@ def rescore(
         r = dict(r)
         r["correct"] = r.get("error") is None and decide(r, r.get("answer"))
         draft = r.get("draft") or {}
-        r["draft_correct"] = bool(draft.get("text")) and decide(r, draft.get("text"))
+        if draft.get("score_only") and draft.get("text") is None:
+            r["draft_correct"] = None  # an imported draft whose text its script dropped
+        else:
+            r["draft_correct"] = bool(draft.get("text")) and decide(r, draft.get("text"))
         out.append(r)
     return out, dict(stats)
 
@@ -515,17 +518,29 @@ def _markdown(report: dict[str, Any]) -> str:
             "",
         ]
         lines.append(
-            f"AUROC for draft correctness: separability (min) {_fmt(sw['auroc']['separability_min'])}, "
-            f"softmax confidence {_fmt(sw['auroc']['softmax'])}; draft accuracy {_fmt(sw['draft_accuracy'])}."
+            "AUROC for draft correctness: "
+            + ", ".join(
+                f"separability ({k.removeprefix('separability_')}) {_fmt(v)}"
+                for k, v in sw["auroc"].items()
+                if k.startswith("separability_") and (v is not None or k == "separability_min")
+            )
+            + f", softmax confidence {_fmt(sw['auroc']['softmax'])}; draft accuracy "
+            f"{_fmt(sw['draft_accuracy'])}."
         )
+        # without per-query latencies (imported runs): the share accepted beside the accuracy
+        timed = any(p["speedup"] is not None for c in sw["curves"].values() for p in c)
         lines += [
             "",
-            "| tau | " + " | ".join(f"{k} acc / speedup" for k in sw["curves"]) + " |",
+            "| tau | "
+            + " | ".join(f"{k} acc / {'speedup' if timed else 'accepted'}" for k in sw["curves"])
+            + " |",
             "|---|" + "---|" * len(sw["curves"]),
         ]
         for i, tau in enumerate(TAUS):
             cells = [
                 f"{_fmt(c[i]['accuracy'])} / {_fmt(c[i]['speedup'], '.2f')}x"
+                if timed
+                else f"{_fmt(c[i]['accuracy'])} / {_fmt(c[i]['accepted'])}"
                 for c in sw["curves"].values()
             ]
             lines.append(f"| {tau} | " + " | ".join(cells) + " |")

@@ -47,9 +47,15 @@ def gate_outcome(
     aggregation: str = "min",
     score: str = "separability",
 ) -> dict[str, Any]:
-    """Accuracy, modelled speedup and acceptance of ``rows`` gated at ``tau``."""
+    """Accuracy, modelled speedup and acceptance of ``rows`` gated at ``tau``.
+
+    Accuracy is None when a draft of unknown correctness would be accepted (imported runs
+    whose script dropped rejected drafts' text); speedup is None when latencies were not
+    recorded (the published scripts time whole files, not queries)."""
     correct = latency = accepted = accepted_right = drafts = 0.0
-    base_latency = sum(agent[r["id"]]["latency_s"] for r in rows)
+    unknown = False
+    timed = all(isinstance(agent[r["id"]].get("latency_s"), (int, float)) for r in rows)
+    base_latency = sum(agent[r["id"]]["latency_s"] for r in rows) if timed else 0.0
     for r in rows:
         a = agent[r["id"]]
         t = r.get("timings") or {}
@@ -64,20 +70,21 @@ def gate_outcome(
         drafts += s is not None
         if s is not None and s > tau:
             accepted += 1
-            accepted_right += r["draft_correct"]
-            correct += r["draft_correct"]
+            unknown |= r.get("draft_correct") is None
+            accepted_right += bool(r.get("draft_correct"))
+            correct += bool(r.get("draft_correct"))
         else:
             correct += a["correct"]
-            cost += a["latency_s"]
+            cost += a["latency_s"] if timed else 0.0
         latency += cost
     n = len(rows)
     return {
         "tau": tau,
-        "accuracy": correct / n if n else None,
-        "speedup": base_latency / latency if latency else None,
+        "accuracy": correct / n if n and not unknown else None,
+        "speedup": base_latency / latency if timed and latency else None,
         "accepted": accepted / n if n else None,
         "accepted_of_drafts": accepted / drafts if drafts else None,
-        "accepted_accuracy": accepted_right / accepted if accepted else None,
+        "accepted_accuracy": accepted_right / accepted if accepted and not unknown else None,
     }
 
 
@@ -97,6 +104,9 @@ def sweep(
     out: dict[str, Any] = {"n": len(rows), "baseline_accuracy": base_acc, "curves": {}}
     for score in ("separability", "softmax"):
         for aggregation in AGGREGATIONS if score == "separability" else ("geo-mean",):
+            agg = cast(Aggregation, aggregation) if score == "separability" else "min"
+            if not any(r.get("draft") and draft_score(r["draft"], agg, score) for r in rows):
+                continue  # no draft has this score (imported drafts keep only their own)
             out["curves"][f"{score}:{aggregation}"] = [
                 {
                     k: v
@@ -105,18 +115,33 @@ def sweep(
                 }
                 for tau in taus
             ]
-    drafts = [r for r in rows if r.get("draft") and draft_token_scores(r["draft"]) is not None]
-    labels = [bool(r["draft_correct"]) for r in drafts]
-    # every draft kept has token scores, so draft_score is never None for it
-    separability = cast(list[float], [draft_score(r["draft"], "min") for r in drafts])
-    softmax = cast(list[float], [draft_score(r["draft"], "min", "softmax") for r in drafts])
+    drafts = [r for r in rows if r.get("draft") and r.get("draft_correct") is not None]  # labelled
     out["auroc"] = {
-        "separability_min": auroc(separability, labels),
-        "softmax": auroc(softmax, labels),
-    }
-    out["n_drafts"] = len(drafts)
+        f"separability_{a}": _auroc_of(drafts, a, "separability")
+        for a in AGGREGATIONS
+        if a == "min"
+        or f"separability:{a}" in out["curves"]
+        and "separability:min" not in out["curves"]
+    } | {"softmax": _auroc_of(drafts, "min", "softmax")}
+    labels = [bool(r["draft_correct"]) for r in drafts if _scored(r["draft"])]
+    out["n_drafts"] = sum(1 for r in rows if r.get("draft") and _scored(r["draft"]))
+    out["n_labelled_drafts"] = len(labels)
     out["draft_accuracy"] = sum(labels) / len(labels) if labels else None
     return out
+
+
+def _scored(draft: dict) -> bool:
+    """A draft the gate could score: token log-probs, or an imported score."""
+    return draft_token_scores(draft) is not None or bool(draft.get("score_only"))
+
+
+def _auroc_of(drafts: Sequence[dict], aggregation: Aggregation, score: str) -> float | None:
+    """AUROC of one score over the labelled drafts that have it."""
+    pairs = [
+        (draft_score(r["draft"], aggregation, score), bool(r["draft_correct"])) for r in drafts
+    ]
+    kept = [(s, y) for s, y in pairs if s is not None]
+    return auroc([s for s, _ in kept], [y for _, y in kept]) if kept else None
 
 
 def compare_gates(

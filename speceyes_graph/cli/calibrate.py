@@ -10,6 +10,16 @@ from typing import Any
 from .bench import load_model
 
 
+def _recorded_aggregation(records: list[dict]) -> str | None:
+    """The aggregation of an imported run's score-only drafts (they keep the one score their
+    script computed, so it is the only one), None for runs with log-probs."""
+    drafts = [r["draft"] for r in records if r.get("draft")]
+    if not drafts or not all(d.get("score_only") for d in drafts):
+        return None
+    found = {str(d.get("aggregation")) for d in drafts}
+    return found.pop() if len(found) == 1 else None
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from ..benchmarks.runner import read_records
     from ..calibration import calibrate
@@ -17,6 +27,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     records = read_records(args.dir)
     if not records:
         print(f"speceyes calibrate: no records in {args.dir}", file=sys.stderr)
+        return 2
+    recorded = _recorded_aggregation(records)
+    if args.aggregations is None:
+        args.aggregations = recorded or "min"
+    elif recorded and args.aggregations != recorded:
+        print(
+            f"speceyes calibrate: the drafts in {args.dir} were scored with {recorded} by the "
+            "script that wrote them and keep no log-probs to aggregate otherwise; drop "
+            "--aggregations",
+            file=sys.stderr,
+        )
         return 2
     if args.unlabelled:
         return _calibrate_unlabelled(args, records)
@@ -42,6 +63,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         f"({result.loss}; {result.method}; {result.n_calibration} calibration queries)"
     )
     print(f"calibration: accepts {cal['accepted']:.3f} of queries, observed loss {cal['risk']:.4f}")
+    if cal.get("unlabelled_drafts"):
+        print(
+            f"{cal['unlabelled_drafts']} drafts have no recorded text, so no label (the script "
+            f"that wrote the run dropped them): only taus at or above {cal['tau_floor']:.6g}, "
+            "where none of them is accepted, could be certified"
+        )
     if held:
         line = f"held out ({held['n']} queries): accepts {held['accepted']:.3f}, observed loss {held['risk']:.4f}"
         if "accuracy_with_gate" in held:
@@ -67,12 +94,16 @@ def _calibrate_unlabelled(args: argparse.Namespace, records: list[dict]) -> int:
         result = calibrate_unlabelled(
             records,
             aggregation=aggregation,
+            min_accuracy=args.min_accuracy,
             posterior=args.posterior,
             target_acceptance=args.target_acceptance,
         )
     except NotBimodal as exc:
         print(f"speceyes calibrate --unlabelled: refused: {exc}", file=sys.stderr)
         return 3
+    except ValueError as exc:  # a level outside (0, 1)
+        print(f"speceyes calibrate --unlabelled: {exc}", file=sys.stderr)
+        return 2
     out = Path(args.out or Path(args.dir) / "gate.json")
     result.save(out)
     fit, cal = result.mixture, result.calibration
@@ -82,12 +113,14 @@ def _calibrate_unlabelled(args: argparse.Namespace, records: list[dict]) -> int:
         f"lower {w1:.0%} at {m1:.2f} +- {s1:.2f}, upper {w2:.0%} at {m2:.2f} +- {s2:.2f} "
         f"(BIC gain {fit['delta_bic']:.1f}, Ashman's D {fit['ashman_d']:.2f})"
     )
-    modelled = cal["modelled_accuracy_of_accepted"]
     print(
         f"tau {result.tau:.6g} (separability {cal['tau_separability']:.3f}; {result.method}): "
-        f"accepts {cal['accepted_of_drafts']:.3f} of drafts"
-        + (f", modelled accuracy of those {modelled:.3f}" if modelled is not None else "")
-        + ". No labels, no guarantee: check it against a labelled sample when you can"
+        f"accepts {cal['accepted_of_drafts']:.3f} of drafts ({cal['n_accepted']})"
+    )
+    print(_estimate_and_labels(cal, "accepted drafts"))
+    print(
+        "Labels did not choose tau, so there is no guarantee: check the estimate against a "
+        "labelled sample when you can"
     )
     if result.tau_depth is not None:
         if "refused" in result.depth_mixture:
@@ -95,12 +128,29 @@ def _calibrate_unlabelled(args: argparse.Namespace, records: list[dict]) -> int:
         else:
             print(
                 f"tau_depth {result.tau_depth:.6g}: accepts "
-                f"{result.depth_calibration['accepted_of_drafts']:.3f} of tool drafts"
+                f"{result.depth_calibration['accepted_of_drafts']:.3f} of tool drafts; "
+                + _estimate_and_labels(result.depth_calibration, "accepted tool drafts")
             )
     print(
         f"wrote {out} (use: speceyes bench --gate {out}; watch it: speceyes report RUN --against {out})"
     )
     return 0
+
+
+def _estimate_and_labels(cal: dict[str, Any], what: str) -> str:
+    """The mixture's estimate of the accepted drafts' accuracy, and what the labels say where
+    the records carry any (``draft_correct``; None is unknown and not counted)."""
+    modelled = cal["modelled_accuracy_of_accepted"]
+    line = f"modelled accuracy of {what} " + ("-" if modelled is None else f"{modelled:.3f}")
+    labelled, accepted = cal.get("labelled_of_accepted", 0), cal.get("n_accepted", 0)
+    if labelled:
+        line += (
+            f"; labels say {cal['labelled_accuracy_of_accepted']:.3f} "
+            f"({labelled} of {accepted} labelled)"
+        )
+    else:
+        line += "; no labels to check it against"
+    return line
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -148,23 +198,37 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--max-drop", type=float, help="EPS, e.g. 0.01 (labelled calibration)")
     p.add_argument("--delta", type=float, default=0.1, help="DELTA, e.g. 0.1")
     p.add_argument("--baseline", help="an agent-only run of the same queries (tighter loss)")
-    p.add_argument("--aggregations", default="min", help="comma-separated: min,mean,bottom-q")
+    p.add_argument(
+        "--aggregations",
+        help="comma-separated: min,mean,bottom-q (default min; an imported run: the one its "
+        "script used)",
+    )
     p.add_argument("--holdout", type=float, default=0.3, help="share held out to check the gate")
     p.add_argument("--out", help="gate file to write (default: DIR/gate.json)")
     p.add_argument(
         "--unlabelled",
         action="store_true",
         help="no labels: tau from a two-component fit of the drafts' separability (refuses "
-        "when it is not clearly bimodal; no guarantee, see the guide Reproducing the paper)",
+        "when it is not clearly bimodal; no guarantee, see the guide Calibrating the gate)",
     )
-    p.add_argument(
+    rules = p.add_mutually_exclusive_group()
+    rules.add_argument(
+        "--min-accuracy",
+        type=float,
+        metavar="LEVEL",
+        help="--unlabelled: the lowest tau whose accepted drafts' accuracy, as the fit "
+        "estimates it, is at least LEVEL (the default rule, LEVEL 0.99; refuses when no tau "
+        "reaches it). The estimate assumes Gaussian modes: see the calibration guide",
+    )
+    rules.add_argument(
         "--posterior",
         type=float,
-        default=0.5,
-        help="--unlabelled: tau where P(upper component | score) reaches this (default 0.5: "
-        "where the posteriors cross; higher is stricter)",
+        metavar="P",
+        help="--unlabelled: the crossing rule instead: tau where P(upper component | score) "
+        "reaches P (0.5: where the posteriors cross, balancing wrong drafts accepted against "
+        "right ones rejected; higher is stricter)",
     )
-    p.add_argument(
+    rules.add_argument(
         "--target-acceptance",
         type=float,
         help="--unlabelled: tau that accepts this share of the drafts instead",
