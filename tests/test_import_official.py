@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from official_fixtures import FOLDER, RUNS, file_name
 
-from speceyes_graph.benchmarks.official_results import (
+from speceyes_graph.benchmarks.official_lines import (
     BadLine,
     OfficialRun,
-    import_official,
     official_record,
     parse_result_name,
 )
+from speceyes_graph.benchmarks.official_results import import_official
 from speceyes_graph.benchmarks.report import build_report
 from speceyes_graph.benchmarks.runner import read_records
 from speceyes_graph.calibration import calibrate, raw_draft_score
