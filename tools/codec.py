@@ -377,7 +377,7 @@ def upright(arr: np.ndarray, orientation: int) -> np.ndarray:
         import cv2
 
         flip, rotate = cv2.flip, cv2.rotate
-        cv_turns = {
+        cv_turns: dict[int, Callable[[np.ndarray], np.ndarray]] = {
             2: lambda a: flip(a, 1),
             3: lambda a: rotate(a, cv2.ROTATE_180),
             4: lambda a: flip(a, 0),
