@@ -322,3 +322,23 @@ def test_the_commands_read_imported_runs(imported, tmp_path, capsys):
     assert "(mean, K 64)" in capsys.readouterr().out
     assert main(["calibrate", str(thyme), "--max-drop", "0.1", "--aggregations", "min"]) == 2
     assert "keep no log-probs" in capsys.readouterr().err
+
+
+def test_softmax_scored_drafts_are_kept_as_such(tmp_path, capsys):
+    """--mode log scores drafts by softmax confidence: the sweep draws that curve alone, and
+    calibrate, which works on separability, says why it cannot use them."""
+    src = fixture("deepeyes", "pope", "adversarial")
+    renamed = tmp_path / src.name.replace("_min_", "_log_")
+    renamed.write_bytes(src.read_bytes())
+    import_official([renamed], tmp_path / "log")
+    records = read_records(tmp_path / "log")
+    drafts = [r["draft"] for r in records if r["draft"]]
+    assert drafts and all(
+        d["aggregation"] == "softmax" and d["separability"] is None for d in drafts
+    )
+    assert all(raw_draft_score(r, "min") is None for r in records)
+    import_official([fixture("deepeyes", "pope", "adversarial", True)], tmp_path / "agent")
+    report = build_report(tmp_path / "log", tmp_path / "agent")
+    assert list(report["sweep"]["curves"]) == ["softmax:geo-mean"]
+    assert main(["calibrate", str(tmp_path / "log"), "--unlabelled"]) == 2
+    assert "softmax confidence" in capsys.readouterr().err

@@ -29,6 +29,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"speceyes calibrate: no records in {args.dir}", file=sys.stderr)
         return 2
     recorded = _recorded_aggregation(records)
+    if recorded == "softmax":
+        print(
+            f"speceyes calibrate: the drafts in {args.dir} were scored by softmax confidence "
+            "(the scripts' --mode log), not separability, and keep no log-probs to score them "
+            "otherwise; calibrate a run made with --mode min, mean or bottom20",
+            file=sys.stderr,
+        )
+        return 2
     if args.aggregations is None:
         args.aggregations = recorded or "min"
     elif recorded and args.aggregations != recorded:
