@@ -27,7 +27,7 @@ from .official_lines import (
     official_record,
     parse_result_name,
 )
-from .runner import RECORDS, _replace
+from .runner import RECORDS, _replace, run_settings
 
 __all__ = ["ImportResult", "import_official"]
 
@@ -128,7 +128,7 @@ def import_official(
             f"{sorted(map(str, kinds))}); import each run into its own folder"
         )
     if (out / RECORDS).exists():
-        settings = _session_settings(out)
+        settings = run_settings(out)
         if settings.get("source") != "official":
             raise ValueError(f"{out} holds a run that was not imported; choose another --out")
     lookups: dict[str, dict[tuple[str, str], list[str]]] = {}
@@ -208,11 +208,3 @@ def _settings(
 def _variant(large: str | None) -> str | None:
     name = (large or "").lower()
     return "thyme" if "thyme" in name else "deepeyes" if "deepeyes" in name else None
-
-
-def _session_settings(out: Path) -> dict[str, Any]:
-    try:
-        sessions = json.loads((out / "run.json").read_text()).get("sessions") or [{}]
-        return dict(sessions[-1].get("settings") or {})
-    except (OSError, ValueError, AttributeError):
-        return {}

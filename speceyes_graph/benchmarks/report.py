@@ -23,7 +23,7 @@ from ..calibration import gate_drift
 from . import plots
 from .draft_scores import auroc, draft_token_scores
 from .official import grade, official_reference, official_rule
-from .runner import read_records
+from .runner import read_records, run_settings
 from .scoring import extract_choice, extract_yes_no, pope_metrics
 from .sweep import TAUS, sweep
 
@@ -63,15 +63,6 @@ DEFINITIONS = {
     "accuracy_errors_dropped": "correct / queries without error (the published scripts' "
     "denominator)",
 }
-
-
-def _run_settings(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "run.json"
-    try:
-        sessions = json.loads(path.read_text()).get("sessions", []) if path.exists() else []
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return {}
-    return dict(sessions[-1].get("settings") or {}) if sessions else {}
 
 
 def _model_name(model: Any) -> str | None:
@@ -288,7 +279,7 @@ def _scored_run(run_dir: Path, scoring: str, judge: Any) -> tuple[dict, str, lis
     records = read_records(run_dir)
     if not records:
         raise FileNotFoundError(f"no records in {run_dir}")
-    settings = _run_settings(run_dir)
+    settings = run_settings(run_dir)
     benchmark = settings.get("benchmark") or ("vstar" if records[0].get("options") else "pope")
     records, stats = rescore(records, benchmark, scoring, judge, run_dir / "grades.jsonl")
     return settings, benchmark, records, stats, _summary(records, _wall(run_dir))
@@ -325,7 +316,7 @@ def build_report(
             read_records(baseline_dir), benchmark, scoring, judge, baseline_dir / "grades.jsonl"
         )
         base_summary = _summary(baseline, _wall(baseline_dir))
-        base_summary["schedule"] = _run_settings(baseline_dir).get("schedule", "concurrent")
+        base_summary["schedule"] = run_settings(baseline_dir).get("schedule", "concurrent")
         report["baseline"] = {"run": str(baseline_dir), "summary": base_summary}
         s = summary
         if s["latency_mean_s"] and base_summary["latency_mean_s"]:

@@ -39,6 +39,7 @@ __all__ = [
     "make_record",
     "read_records",
     "run_benchmark",
+    "run_settings",
     "scan_records",
 ]
 
@@ -112,6 +113,17 @@ def read_records(out_dir: str | Path, *, repair: bool = False) -> list[dict]:
                 fh.writelines(lines[n - 1] for n in sorted(bad))
         _replace(out / RECORDS, b"".join(json.dumps(r).encode() + b"\n" for r in scan.records))
     return scan.records
+
+
+def run_settings(run_dir: str | Path) -> dict[str, Any]:
+    """The settings of a run folder's last session (``run.json``); {} when it has none or the
+    file cannot be read."""
+    path = Path(run_dir) / "run.json"
+    try:
+        sessions = json.loads(path.read_text()).get("sessions", []) if path.exists() else []
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return {}
+    return dict(sessions[-1].get("settings") or {}) if sessions else {}
 
 
 def _replace(path: Path, data: bytes) -> None:

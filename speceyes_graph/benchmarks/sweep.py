@@ -116,13 +116,14 @@ def sweep(
                 for tau in taus
             ]
     drafts = [r for r in rows if r.get("draft") and r.get("draft_correct") is not None]  # labelled
-    out["auroc"] = {
-        f"separability_{a}": _auroc_of(drafts, a, "separability")
+    # min always; an imported run without min scores: its own aggregation beside it
+    shown = ["min"] + [
+        a
         for a in AGGREGATIONS
-        if a == "min"
-        or f"separability:{a}" in out["curves"]
-        and "separability:min" not in out["curves"]
-    } | {"softmax": _auroc_of(drafts, "min", "softmax")}
+        if "separability:min" not in out["curves"] and f"separability:{a}" in out["curves"]
+    ]
+    out["auroc"] = {f"separability_{a}": _auroc_of(drafts, a, "separability") for a in shown}
+    out["auroc"]["softmax"] = _auroc_of(drafts, "min", "softmax")
     labels = [bool(r["draft_correct"]) for r in drafts if _scored(r["draft"])]
     out["n_drafts"] = sum(1 for r in rows if r.get("draft") and _scored(r["draft"]))
     out["n_labelled_drafts"] = len(labels)
