@@ -117,7 +117,7 @@ def sweep(
             ]
     drafts = [r for r in rows if r.get("draft") and r.get("draft_correct") is not None]  # labelled
     # min always; an imported run without min scores: its own aggregation beside it
-    shown = ["min"] + [
+    shown: list[Aggregation] = ["min"] + [
         a
         for a in AGGREGATIONS
         if "separability:min" not in out["curves"] and f"separability:{a}" in out["curves"]
