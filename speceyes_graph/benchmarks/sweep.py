@@ -117,11 +117,9 @@ def sweep(
             ]
     drafts = [r for r in rows if r.get("draft") and r.get("draft_correct") is not None]  # labelled
     # min always; an imported run without min scores: its own aggregation beside it
-    shown: list[Aggregation] = ["min"] + [
-        a
-        for a in AGGREGATIONS
-        if "separability:min" not in out["curves"] and f"separability:{a}" in out["curves"]
-    ]
+    shown: list[Aggregation] = ["min"]
+    if "separability:min" not in out["curves"]:
+        shown += [a for a in AGGREGATIONS if f"separability:{a}" in out["curves"]]
     out["auroc"] = {f"separability_{a}": _auroc_of(drafts, a, "separability") for a in shown}
     out["auroc"]["softmax"] = _auroc_of(drafts, "min", "softmax")
     labels = [bool(r["draft_correct"]) for r in drafts if _scored(r["draft"])]
