@@ -105,24 +105,35 @@ class AegraCluster:
         )  # fmt: skip
         if done.returncode != 0:
             raise RuntimeError(f"LangGraph table setup failed:\n{done.stderr[-3000:]}")
-        for _ in range(n):
-            port = free_port()
-            log = open(self.folder / f"aegra-{port}.log", "w")
-            proc = subprocess.Popen(
-                [str(AEGRA), "serve", "--host", "127.0.0.1", "--port", str(port),
-                 "-c", str(self.folder / "aegra.json")],
-                env=self.env, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: a kill takes all of it
-            )  # fmt: skip
-            self.instances.append((port, proc))
+        # Each instance also creates the graphs' default assistants as it starts, and two
+        # starting together on a fresh database race on that too (UniqueViolation on
+        # "assistant_pkey", seen in CI): the first comes up alone, then the rest together.
         deadline = time.time() + timeout
+        self._launch()
+        self._wait_healthy(deadline)
+        for _ in range(n - 1):
+            self._launch()
+        self._wait_healthy(deadline)
+        self.instance_pids = [self.pids(i) for i in range(n)]
+        return self
+
+    def _launch(self) -> None:
+        port = free_port()
+        log = open(self.folder / f"aegra-{port}.log", "w")
+        proc = subprocess.Popen(
+            [str(AEGRA), "serve", "--host", "127.0.0.1", "--port", str(port),
+             "-c", str(self.folder / "aegra.json")],
+            env=self.env, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a kill takes all of it
+        )  # fmt: skip
+        self.instances.append((port, proc))
+
+    def _wait_healthy(self, deadline: float) -> None:
         for port, proc in self.instances:
             while not self._healthy(port):
                 if proc.poll() is not None or time.time() > deadline:
                     raise RuntimeError(f"Aegra on port {port} did not come up:\n{self.log(port)}")
                 time.sleep(1)
-        self.instance_pids = [self.pids(i) for i in range(n)]
-        return self
 
     def _healthy(self, port: int) -> bool:
         try:
