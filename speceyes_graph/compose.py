@@ -15,13 +15,20 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Sequence
 from typing import Annotated, Any
 
 from langchain_core.callbacks import BaseCallbackManager
-from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    BaseMessage,
+    HumanMessage,
+    convert_to_messages,
+)
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config, set_config_context
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
@@ -36,7 +43,7 @@ from .effects import Blocking, Steps, Subgraph, arun_steps, node, run_steps
 from .graph import create_speceyes_graph
 from .messages import dehydrate, image_ref
 from .protocol import message_text
-from .state import AgentStep, Draft, Route, SpecEyesContext
+from .state import AgentStep, Draft, PixelFreeGraph, Route, SpecEyesContext, on_event_loop
 
 __all__ = [
     "SpecEyesChatState",
@@ -182,6 +189,33 @@ def _block_reference(block: dict[str, Any]) -> str | None:
     return block.get("url")
 
 
+def pasted_images_kept(value: Any, store: ImageStore) -> Any:
+    """A chat run's input with every pasted image moved into ``store``: each message that
+    carries one becomes the same message with ``blob://`` image blocks (a message dict
+    becomes a message), written in the background on an event loop (as
+    :func:`~speceyes_graph.state.pixel_free`). What the store cannot take is left for
+    ``ask`` and the query to fail on, with their clear errors."""
+    if not isinstance(value, dict) or "messages" not in value:
+        return value
+    sent = value["messages"]
+    items = sent if isinstance(sent, list) else [sent]
+    kept = []
+    for item in items:
+        try:
+            message = convert_to_messages([item])[0] if isinstance(item, dict) else item
+            new = (
+                dehydrate(message, store, background=on_event_loop())
+                if isinstance(message, BaseMessage)
+                else item
+            )
+        except Exception:
+            new = message = item
+        kept.append(item if new is message else new)
+    if all(new is old for new, old in zip(kept, items, strict=True)):
+        return value
+    return {**value, "messages": kept if isinstance(sent, list) else kept[0]}
+
+
 def create_speceyes_chat_graph(
     *, store: ImageStore | None = None, **graph_kwargs: Any
 ) -> StateGraph[SpecEyesChatState, SpecEyesContext, _ChatInput, _ChatOutput]:
@@ -235,12 +269,15 @@ def create_speceyes_chat_graph(
             "error": out.get("error"),
         }
 
-    graph = StateGraph(
+    graph = PixelFreeGraph(
         SpecEyesChatState,
         input_schema=_ChatInput,
         output_schema=_ChatOutput,
         context_schema=SpecEyesContext,
     )
+    # pasted images go to the store as LangGraph takes the turn: its record of the input,
+    # the saved writes and every checkpoint of `messages` hold blob:// blocks
+    graph.keep_input = functools.partial(pasted_images_kept, store=store)
     graph.add_node("ask", node(ask))
     graph.add_node("answer", node(answer))
     graph.add_edge(START, "ask")

@@ -73,6 +73,7 @@ from .specreason import run_specreason
 from .state import (
     Draft,
     Mode,
+    PixelFreeGraph,
     Query,
     RunInput,
     SpecEyesContext,
@@ -80,6 +81,7 @@ from .state import (
     SpecEyesOutput,
     SpecEyesState,
     pixel_free,
+    pixel_free_input,
 )
 from .tool_speculation import after_tool_gate, speculate_tools_node
 from .toolsets import Toolset, build_tools, load_toolset
@@ -292,13 +294,15 @@ def create_speceyes_graph(
     speculator_model = _internal(speculator, "speculator")
     token_models = [m for m in (judge_raw, speculator, agent) if m is not None]
 
-    graph = StateGraph(
+    graph = PixelFreeGraph(
         SpecEyesState,
         input_schema=SpecEyesInput,
         output_schema=SpecEyesOutput,
         context_schema=SpecEyesContext,
     )
-    # data: URLs in a checkpoint taken before intake are kept in this graph's store
+    # data: URLs are kept in this graph's store as LangGraph takes the input, and as anything
+    # else writes them (update_state): checkpoints and saved writes hold their blob:// keys
+    graph.keep_input = functools.partial(pixel_free_input, store=store)
     graph.channels["images"] = RunInput(list, keep=functools.partial(pixel_free, store=store))
 
     def failed(

@@ -164,15 +164,19 @@ def for_model(
     return list(messages) if accepts_image_refs(model) else hydrate(messages, store)
 
 
-def dehydrate(message: _Message, store: ImageStore | None = None) -> _Message:
-    """The message with inline image data moved into the store (reference blocks instead)."""
+def dehydrate(
+    message: _Message, store: ImageStore | None = None, *, background: bool = False
+) -> _Message:
+    """The message with inline image data moved into the store (reference blocks instead);
+    ``background``: the store writes them in the background (:meth:`ImageStore.put
+    <speceyes_tools.images.ImageStore.put>`), for a caller on an event loop."""
     store = store or default_store()
 
     def keep(block: Any) -> Any:
         data = _inline_bytes(block)
         if data is None:
             return block
-        key = store.put(data)
+        key = store.put(data, background=background)
         return {"type": "image", "url": key, "mime_type": block.get("mime_type", "image/png")}
 
     return _map_images(message, keep)

@@ -17,7 +17,7 @@ from speceyes_tools.images import ImageStore
 
 from .prompts import format_question
 from .settings import Limits
-from .state import Query
+from .state import UNREADABLE, Query
 
 __all__ = ["QueryError", "count_tokens", "question_token_limit", "read_query"]
 
@@ -104,5 +104,7 @@ def read_query(
     for i, ref in enumerate(refs):
         if isinstance(ref, str):
             _text(f"images[{i}]", ref)
+            if ref.startswith(UNREADABLE):  # a pasted image that could not be kept
+                raise QueryError(f"images[{i}]: {ref[len(UNREADABLE) :]}")
     images = [store.intern(ref) for ref in refs]
     return Query(question=question, images=images, options=options, query_id=query_id)

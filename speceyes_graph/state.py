@@ -7,8 +7,10 @@ same ``run_id`` (LangGraph then resumes from the last checkpoint and ignores the
 sent again) reads the same input; cleared in the step ``intake`` runs, so a later run on the
 thread that omits a key cannot inherit it. ``intake`` validates them into ``query`` and
 resets every output key, so a run never returns an earlier run's answer, route, steps or
-error. A ``data:`` URL is never written to a checkpoint: the ``images`` channel checkpoints
-it as the ``blob://`` key of its bytes in the graph's image store.
+error. A ``data:`` URL is never written to a checkpoint: it is moved into the graph's image
+store as LangGraph takes the input (:class:`PixelFreeGraph`), so LangGraph's record of the
+input, the writes that spread it over the input keys and the ``images`` channel all hold the
+``blob://`` key of its bytes.
 
 **No pixels in state.** Images travel as references (paths, URLs, ``blob://`` keys of the
 image store); the agent's messages carry ``blob://`` image blocks that become bytes only
@@ -21,20 +23,27 @@ so embedding the compiled graph in a parent graph can never apply a list reducer
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from langchain_core.messages import AnyMessage
 from langgraph.channels import EphemeralValue
+from langgraph.constants import START
+from langgraph.graph import StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.typing import ContextT, InputT, OutputT, StateT
 from pydantic import Field
 from typing_extensions import Required, Self, TypedDict
 
 from speceyes_tools.images import ImageStore, current_store
+from speceyes_tools.sources import read_data_url
 
 __all__ = [
     "AgentStep",
     "Draft",
     "Mode",
+    "PixelFreeGraph",
     "Query",
     "Route",
     "RunInput",
@@ -129,6 +138,10 @@ class Query(TypedDict):
     query_id: str | None
 
 
+UNREADABLE = "unreadable:"
+"""What a kept input reference starts with when its image could not be kept; the reason
+follows, and ``intake`` fails the query with it."""
+
 MISSING = EphemeralValue(object).value  # LangGraph's "no value" marker, without its internals
 
 
@@ -136,11 +149,15 @@ class RunInput(EphemeralValue[Any]):
     """An input key of one run: in the checkpoints until the step that reads it, then gone.
 
     LangGraph clears an ephemeral channel in the first step that does not write it, which
-    for an input key is the step ``intake`` runs in; until then its value is checkpointed,
-    through ``keep``, which turns it into what a checkpoint may hold (for ``images``: the
-    ``blob://`` key of a ``data:`` URL's bytes). A run that stopped before ``intake`` and is
-    never taken over leaves its input in that checkpoint; the next run on the thread starts
-    by discarding the unfinished step, which clears the keys it does not send.
+    for an input key is the step ``intake`` runs in; until then its value is checkpointed.
+    ``keep`` turns each value written into what a checkpoint may hold (for ``images``: the
+    ``blob://`` key of a ``data:`` URL's bytes) as it is written, so the raw value is never
+    the channel's. A run that stopped before ``intake`` and is never taken over leaves its
+    input in that checkpoint; the next run on the thread starts by discarding the unfinished
+    step, which clears the keys it does not send.
+
+    LangGraph's own record of a run's input, its ``__start__`` channel, is one too in the
+    graphs of :class:`PixelFreeGraph`.
     """
 
     __slots__ = ("keep",)
@@ -165,19 +182,47 @@ class RunInput(EphemeralValue[Any]):
         return restored
 
     def update(self, values: Sequence[Any]) -> bool:
-        return super().update(values[-1:])  # the last of several writes, like guard=False
+        last = values[-1:]  # the last of several writes, like guard=False
+        if last and self.keep is not None:
+            last = [self.keep(last[0])]
+        return super().update(last)
 
-    def checkpoint(self) -> Any:
-        if self.value is MISSING or self.keep is None:
-            return self.value
-        return self.keep(self.value)
+
+class PixelFreeGraph(StateGraph[StateT, ContextT, InputT, OutputT]):
+    """A ``StateGraph`` whose compiled graphs keep pasted images out of LangGraph's record
+    of each run's input.
+
+    LangGraph writes a run's input as sent into its ``__start__`` channel, checkpoints it
+    (the "input" checkpoint, kept for the thread's life: it is how a run is resumed or
+    replayed) and saves the writes that spread it over the input keys. ``keep_input`` is
+    applied to the input as the channel takes it, before any of that: the served graphs
+    move each pasted ``data:`` image into the image store there, so every checkpoint and
+    every saved write holds its ``blob://`` key, and a run taken over by another worker
+    reads the same input from them. It runs once per run, on the thread that starts the
+    run (the event loop, for ``ainvoke``), and must not raise: a value it cannot keep it
+    replaces by a marker that fails the query at ``intake``.
+    """
+
+    keep_input: Callable[[Any], Any] | None = None
+
+    def compile(
+        self, *args: Any, **kwargs: Any
+    ) -> CompiledStateGraph[StateT, ContextT, InputT, OutputT]:
+        compiled = super().compile(*args, **kwargs)
+        if self.keep_input is not None:
+            compiled.channels[START] = RunInput(self.input_schema, keep=self.keep_input)
+        return compiled
 
 
 def pixel_free(refs: Any, store: ImageStore | None = None) -> Any:
     """Image references as a checkpoint may hold them: each ``data:`` URL kept in ``store``
     (default: :func:`~speceyes_tools.images.current_store`) and replaced by its ``blob://``
     key; other references as they are. A ``data:`` URL the store refuses is replaced by a
-    marker that fails ``intake`` with the store's reason."""
+    marker that fails ``intake`` with the store's reason.
+
+    On an event loop (LangGraph taking the input of an ``ainvoke`` or a served run) the bytes
+    are written in the background (``ImageStore.put(background=True)``): only decoding the
+    URL and hashing its bytes run on the loop, and ``intake`` waits for the write."""
     one = isinstance(refs, str)
     items = [refs] if one else refs
     if not isinstance(items, list):
@@ -186,11 +231,28 @@ def pixel_free(refs: Any, store: ImageStore | None = None) -> Any:
     for ref in items:
         if isinstance(ref, str) and ref[:5].lower() == "data:":
             try:
-                ref = (store or current_store()).intern(ref)
+                store = store or current_store()
+                ref = store.put(read_data_url(ref, store.policy), background=on_event_loop())
             except Exception as exc:  # the run fails at intake either way
-                ref = f"unreadable:{type(exc).__name__}: {exc}"[:500]
+                ref = f"{UNREADABLE}{type(exc).__name__}: {exc}"[:500]
         kept.append(ref)
     return kept[0] if one else kept
+
+
+def on_event_loop() -> bool:
+    """Whether this thread is running an asyncio event loop (where I/O must not wait)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def pixel_free_input(value: Any, store: ImageStore | None = None) -> Any:
+    """A run's input (``SpecEyesInput``) with its ``images`` made :func:`pixel_free`."""
+    if isinstance(value, dict) and "images" in value:
+        return {**value, "images": pixel_free(value["images"], store)}
+    return value
 
 
 class SpecEyesInput(TypedDict, total=False):

@@ -342,3 +342,31 @@ def test_the_chat_answer_streams_on_messages_tuple(cluster, plan):
     assert any(c.event.startswith("updates|") for c in chunks)  # subgraphs' steps too
     # the streamed chunk is the thread's answer message: clients merge the two by id
     assert client.threads.get_state(tid)["values"]["messages"][-1]["id"] == messages[0]["id"]
+
+
+def test_the_cluster_database_holds_no_pixels(cluster, plan):
+    """After this module's runs (plain and chat, pasted images, runs redelivered after an
+    instance died) and one more of each here: no row of the checkpoint tables holds image
+    data (tests/checkpoint_pixels.py decodes each row and searches its bytes). Aegra's own
+    record of each run's request is measured, not asserted: it keeps the input as sent."""
+    import psycopg
+    from langgraph_sdk import get_sync_client
+
+    from checkpoint_pixels import describe, leaks, postgres_rows, tables_holding_pixels
+
+    client = get_sync_client(url=cluster.url(0))
+    threads = []
+    for graph_id, payload, expected in (plan[0][0], plan[1][0]):  # plain, then chat
+        tid = client.threads.create()["thread_id"]
+        out = client.runs.wait(tid, graph_id, input=payload)
+        answer = out["answer"] if graph_id == "speceyes" else out["messages"][-1]["content"]
+        assert answer == expected
+        threads.append(tid)
+    with psycopg.connect(cluster.dsn) as conn:
+        rows = list(postgres_rows(conn))
+        others = tables_holding_pixels(conn)
+    assert {r.thread for r in rows} >= set(threads)
+    assert not leaks(rows), describe(leaks(rows))
+    history = client.threads.get_history(threads[1], limit=50)
+    assert "data:image" not in str(history) and "iVBOR" not in str(history)
+    print(f"\nAegra's records holding a pasted image (rows, largest bytes): {others}")

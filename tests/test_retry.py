@@ -19,6 +19,7 @@ import base64
 import uuid
 
 import pytest
+from checkpoint_pixels import describe, leaks, saver_rows
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
@@ -94,9 +95,9 @@ def test_a_redelivered_run_answers_like_a_fresh_one(scene, scenario, node, async
         assert dying.get_state(config).next == (node,)
         again = taking_over.invoke(query, config)
     assert summary(again) == summary(fresh)
-    # no pixels in any checkpoint of the thread: the data: URL was kept as a blob key
-    for snapshot in taking_over.get_state_history(config):
-        assert "base64" not in repr(snapshot.values)
+    # no pixels in anything stored for the thread (checkpoints, LangGraph's record of the
+    # input, saved writes): the data: URL was kept as a blob key as the run took it
+    assert not leaks(saver_rows(saver)), describe(leaks(saver_rows(saver)))
 
 
 def test_the_input_is_kept_only_until_intake_has_read_it(scene):
@@ -130,28 +131,88 @@ def test_a_run_abandoned_before_intake_leaves_nothing_to_the_next(scene):
     assert out.get("error") is None and app.get_state(config).values["query"]["options"] is None
 
 
-@pytest.mark.parametrize("node", ["ask", "answer"])
-def test_a_redelivered_chat_turn_is_answered_once(scene, node):
-    graph = create_speceyes_chat_graph(
+def chat_turn(scene: str) -> dict:
+    pasted = {"type": "image", "base64": data_url(scene).split(",", 1)[1], "mime_type": "image/png"}
+    text = {"type": "text", "text": "What colour is it?\nOptions: red, blue"}
+    return {"messages": [HumanMessage(content=[pasted, text])]}
+
+
+def chat_graph():
+    return create_speceyes_chat_graph(
         judge=judge("no"), speculator=speculator("A", 9.0), agent=deepeyes_agent()
     )
+
+
+@pytest.mark.parametrize("node", ["ask", "answer"])
+def test_a_redelivered_chat_turn_is_answered_once(scene, node):
+    graph = chat_graph()
     saver = InMemorySaver()
-    turn = {
-        "messages": [
-            HumanMessage(
-                content=[
-                    {
-                        "type": "image",
-                        "base64": data_url(scene).split(",", 1)[1],
-                        "mime_type": "image/png",
-                    },
-                    {"type": "text", "text": "What colour is it?\nOptions: red, blue"},
-                ]
-            )
-        ]
-    }
+    turn = chat_turn(scene)
     config = run_config("chat", str(uuid.uuid4()))
     graph.compile(checkpointer=saver, interrupt_before=[node]).invoke(turn, config)
     out = graph.compile(checkpointer=saver).invoke(turn, config)
     kinds = [m.type for m in out["messages"]]
     assert kinds == ["human", "ai"], kinds  # the turn once, its answer once
+    assert not leaks(saver_rows(saver)), describe(leaks(saver_rows(saver)))
+
+
+class WorkerDied(Exception):
+    """The worker's process ended: nothing after it reaches the checkpointer."""
+
+
+class DiesAfterInput(InMemorySaver):
+    """A checkpointer whose worker dies once the run's input checkpoint is saved: before the
+    step that spreads the input over the state's keys is saved (``writes_saved=False``), or
+    after its writes are but before its checkpoint (``writes_saved=True``)."""
+
+    def __init__(self, writes_saved: bool) -> None:
+        super().__init__()
+        self.writes_saved, self.dying, self.dead = writes_saved, True, False
+
+    def put(self, config, checkpoint, metadata, new_versions):
+        if self.dying and (self.dead or metadata.get("source") != "input"):
+            self.dead = True
+            raise WorkerDied
+        return super().put(config, checkpoint, metadata, new_versions)
+
+    def put_writes(self, config, writes, task_id, task_path=""):
+        if self.dying and (self.dead or not self.writes_saved):
+            self.dead = True
+            raise WorkerDied
+        return super().put_writes(config, writes, task_id, task_path)
+
+
+@pytest.mark.parametrize("writes_saved", [False, True], ids=["no-writes", "writes-saved"])
+@pytest.mark.parametrize("kind", ["plain", "chat"])
+def test_a_run_killed_before_its_first_node_finishes_is_taken_over(scene, kind, writes_saved):
+    """A worker killed before the run's first node is checkpointed leaves only LangGraph's
+    record of the input (and maybe the writes that spread it over the state): the run taken
+    over resumes from that record, pixel-free, and answers like a fresh run."""
+    if kind == "plain":
+        graph = build("rejected")
+        sent = {
+            "question": "What colour is it?",
+            "images": [data_url(scene)],
+            "options": ["A", "B"],
+        }
+    else:
+        graph, sent = chat_graph(), chat_turn(scene)
+    fresh = graph.compile().invoke(sent)
+    saver = DiesAfterInput(writes_saved)
+    config = run_config("t", str(uuid.uuid4()))
+    with pytest.raises(WorkerDied):
+        graph.compile(checkpointer=saver).invoke(sent, config)
+    assert [c.metadata["source"] for c in saver.list(config)] == ["input"]
+    assert bool(saver.writes) == writes_saved
+    assert not leaks(saver_rows(saver)), describe(leaks(saver_rows(saver)))
+    saver.dying = False
+    again = graph.compile(checkpointer=saver).invoke(sent, config)
+    if kind == "plain":
+        assert summary(again) == summary(fresh) and again["route"] == "rejected-agentic"
+    else:
+        assert [(m.type, m.content) for m in again["messages"][1:]] == [
+            (m.type, m.content) for m in fresh["messages"][1:]
+        ]
+    # resumed, not started again: one input checkpoint, and still no pixels anywhere
+    assert [c.metadata["source"] for c in saver.list(config)].count("input") == 1
+    assert not leaks(saver_rows(saver)), describe(leaks(saver_rows(saver)))

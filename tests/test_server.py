@@ -150,6 +150,9 @@ def test_runs_on_one_thread_through_the_server(server, scenes):
             assert again["agent_steps"] == [] and again["stop_reason"] is None
     state = client.threads.get_state(thread)["values"]
     assert state["error"] is None and "base64" not in json.dumps(state)
+    # nor anything a client reads of the thread's past (the runs' inputs were data: URLs)
+    history = json.dumps(client.threads.get_history(thread, limit=100))
+    assert "data:image" not in history and "iVBOR" not in history
     assert state["query"]["images"][0].startswith("blob://")
 
     # streaming: the route is decided node by node

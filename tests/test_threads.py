@@ -3,10 +3,10 @@
 state never holds pixels, interrupted runs resume, and a chat thread moves between workers."""
 
 import base64
-import json
 import sqlite3
 
 import pytest
+from checkpoint_pixels import describe, leaks, postgres_rows, saver_rows, thread_sizes
 from conftest import write_scene
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -118,7 +118,29 @@ def test_a_failed_run_does_not_poison_the_thread_in_raise_mode(storage, scene):
     assert out["error"] is None and out["route"] == "speculative"
 
 
+def pasted_turn(data_url: str, text: str) -> dict:
+    from langchain_core.messages import HumanMessage
+
+    pasted = {"type": "image_url", "image_url": {"url": data_url}}
+    return {"messages": [HumanMessage(content=[{"type": "text", "text": text}, pasted])]}
+
+
+def chat(storage):
+    from speceyes_graph import create_speceyes_chat_graph
+
+    checkpointer, store = storage
+    return create_speceyes_chat_graph(
+        judge=judge(lambda q: "no" if "big" in q else "yes"),
+        speculator=speculator("A", 9.0),
+        agent=deepeyes_agent(answer="B"),
+        store=store,
+    ).compile(checkpointer=checkpointer)
+
+
 def test_state_and_checkpoints_hold_no_pixels(storage, tmp_path):
+    """Pasted images, plain and chat, agentic and speculative: no stored row holds image data,
+    LangGraph's record of each run's input and the writes saved for each step included
+    (tests/checkpoint_pixels.py decodes every row and searches its bytes)."""
     scene = write_scene(tmp_path / "big.png", size=(2000, 1500), box=(100, 100, 300, 300))
     data_url = "data:image/png;base64," + base64.b64encode(open(scene, "rb").read()).decode()
     g = build(storage)
@@ -131,16 +153,19 @@ def test_state_and_checkpoints_hold_no_pixels(storage, tmp_path):
     assert len(refs) == 1 and refs[0].startswith("blob://")
     values = g.get_state(cfg).values
     assert values["query"]["images"][0].startswith("blob://")
-    dumped = json.dumps(
-        values, default=lambda o: o.model_dump() if hasattr(o, "model_dump") else str(o)
-    )
-    assert "base64" not in dumped and "data:image" not in dumped and "iVBOR" not in dumped
-    # every checkpoint after the input one is small (the input checkpoint holds the run's
-    # input as sent: LangGraph's record of the run)
-    history = list(g.get_state_history(cfg))
-    later = [h for h in history if h.metadata.get("source") != "input"]
-    sizes = [len(json.dumps(h.values, default=str)) for h in later]
-    assert max(sizes) < 20_000, sizes
+    out = g.invoke({"question": "big?", "images": [data_url]}, cfg)
+    assert out["route"] == "speculative" and out["answer"] == "A"
+    talk = chat(storage)
+    ccfg = {"configurable": {"thread_id": "chat-5"}}
+    for text, answer in [("tiny?", "B"), ("big?", "A")]:
+        reply = talk.invoke(pasted_turn(data_url, text), ccfg)["messages"][-1]
+        assert reply.content == answer
+    human = talk.get_state(ccfg).values["messages"][0]
+    assert human.content[1]["url"].startswith("blob://")  # the pasted block, as a reference
+    rows = saver_rows(storage[0])
+    assert {r.channel for r in rows} >= {"images", "messages"}  # the input's rows are there
+    assert not leaks(rows), describe(leaks(rows))
+    assert max(r.size for r in rows) < 20_000, max(rows, key=lambda r: r.size)
 
 
 def test_an_interrupted_run_resumes_where_it_stopped(storage, scene):
@@ -193,8 +218,9 @@ def test_the_chat_graph_follow_up_on_another_worker(storage, scene):
 
 @pytest.mark.postgres
 def test_postgres_checkpoints_hold_references_not_pixels(postgres_dsn, tmp_path):
-    """What the database holds after agentic runs with pasted images: the checkpoint tables
-    hold small rows (references), the images are in the blob table once each."""
+    """What the database holds after plain and chat runs with pasted images, agentic and
+    speculative: no row of the checkpoint tables holds image data, decoded or as bytes; the
+    images are in the blob table once each."""
     import psycopg
     from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg_pool import ConnectionPool
@@ -207,29 +233,64 @@ def test_postgres_checkpoints_hold_references_not_pixels(postgres_dsn, tmp_path)
     with ConnectionPool(postgres_dsn, kwargs={"autocommit": True, "prepare_threshold": 0}) as pool:
         saver = PostgresSaver(pool)
         saver.setup()
-        g = build((saver, ImageStore(blobs=blobs)))
-        for i in range(3):
+        storage = (saver, ImageStore(blobs=blobs))
+        g = build(storage)
+        for i, (question, answer) in enumerate([("tiny?", "B"), ("big?", "A"), ("tiny?", "B")]):
             out = g.invoke(
-                {"question": "tiny?", "images": [data_url]},
+                {"question": question, "images": [data_url]},
                 {"configurable": {"thread_id": f"p{i}"}},
             )
-            assert out["answer"] == "B"
+            assert out["answer"] == answer
+        talk = chat(storage)
+        for text, answer in [("tiny?", "B"), ("big?", "A")]:
+            turn = pasted_turn(data_url, text)
+            reply = talk.invoke(turn, {"configurable": {"thread_id": "c"}})["messages"][-1]
+            assert reply.content == answer
     with psycopg.connect(postgres_dsn) as conn:
-        for table, column in [
-            ("checkpoints", "checkpoint"),
-            ("checkpoint_blobs", "blob"),
-            ("checkpoint_writes", "blob"),
-        ]:
-            largest = conn.execute(
-                f"SELECT coalesce(max(length({column}::text)), 0) FROM {table}"
-            ).fetchone()[0]
-            assert largest < 60_000, (table, largest)
-            leaked = conn.execute(
-                f"SELECT count(*) FROM {table} WHERE position('iVBOR' in {column}::text) > 0"
-                f" OR position('data:image' in {column}::text) > 0"
-            ).fetchone()[0]
-            assert leaked == 0, table
+        rows = list(postgres_rows(conn))
         stored = conn.execute("SELECT count(*), sum(size) FROM speceyes_blobs").fetchone()
-    # the pasted image once (three threads sent the same bytes), its model view, the crop
+    assert not leaks(rows), describe(leaks(rows))
+    sizes = thread_sizes(rows)
+    assert set(sizes) == {"p0", "p1", "p2", "c"}
+    assert max(sum(tables.values()) for tables in sizes.values()) < 60_000, sizes
+    # the pasted image once (four threads sent the same bytes), its model view, the crop
     assert stored[0] == 3 and stored[1] > len(open(scene, "rb").read())
     blobs.close()
+
+
+@pytest.mark.postgres
+def test_the_pixel_guard_finds_an_image_a_graph_keeps(postgres_dsn, scene):
+    """The guard is not blind: a graph that keeps a pasted image in its state leaves it in
+    every table's rows, and the guard reports each (a search of ``blob::text`` would not:
+    Postgres prints ``bytea`` as hex)."""
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from langgraph.graph import START, StateGraph
+    from psycopg_pool import ConnectionPool
+    from typing_extensions import TypedDict
+
+    class Keeps(TypedDict):
+        images: list[str]
+        answer: str
+
+    keeps = StateGraph(Keeps)
+    keeps.add_node("answer", lambda state: {"answer": "A"})
+    keeps.add_edge(START, "answer")
+    data_url = "data:image/png;base64," + base64.b64encode(open(scene, "rb").read()).decode()
+    with ConnectionPool(postgres_dsn, kwargs={"autocommit": True, "prepare_threshold": 0}) as pool:
+        saver = PostgresSaver(pool)
+        saver.setup()
+        keeps.compile(checkpointer=saver).invoke(
+            {"images": [data_url]}, {"configurable": {"thread_id": "k"}}
+        )
+        found = {(r.table, r.channel) for r in leaks(saver_rows(saver))}
+        memory = InMemorySaver()
+        keeps.compile(checkpointer=memory).invoke(
+            {"images": [data_url]}, {"configurable": {"thread_id": "k"}}
+        )
+        in_memory = {(r.table, r.channel) for r in leaks(saver_rows(memory))}
+    expected = {
+        ("checkpoint_blobs", "__start__"),  # LangGraph's record of the input
+        ("checkpoint_blobs", "images"),
+        ("checkpoint_writes", "images"),  # the input spread over the state's keys
+    }
+    assert found == expected and in_memory == expected

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import base64
 import contextvars
+import functools
 import hashlib
 import math
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
@@ -178,6 +180,12 @@ def load_image(ref: str, policy: ImagePolicy | None = None) -> np.ndarray:
 # --- the store -----------------------------------------------------------------------------
 
 
+@functools.cache
+def _blob_writer() -> ThreadPoolExecutor:
+    """The threads that write blobs put in the background (shared by every store)."""
+    return ThreadPoolExecutor(max_workers=4, thread_name_prefix="speceyes-blob-write")
+
+
 class _ByteBudget:
     """At most ``limit`` bytes of decodes in flight; the rest wait (up to their deadline)."""
 
@@ -248,14 +256,34 @@ class ImageStore:
         # view key -> how to render it: (reference, resize, source key)
         self._derived: OrderedDict[str, tuple[str, ResizeSpec | None, Any]] = OrderedDict()
         self.max_views = 4096
+        # blob key -> its background write (put(background=True)); gone once it succeeded
+        self._writing: dict[str, Future[None]] = {}
 
     # --- references ----------------------------------------------------------------------
 
-    def put(self, data: bytes) -> str:
-        """Keep encoded image bytes; returns their ``blob://`` key."""
+    def put(self, data: bytes, *, background: bool = False) -> str:
+        """Keep encoded image bytes; returns their ``blob://`` key.
+
+        ``background=True`` returns the key at once and writes the bytes in a background
+        thread: for callers on an event loop (LangGraph taking a run's input), where waiting
+        on the blob store's I/O would stall every other run. Reading the key waits for the
+        write, and a failed write fails those reads with its error.
+        """
         key = blob_key(data)
-        self.blobs.put(key, data)
+        if not background:
+            self.blobs.put(key, data)
+            self._writing.pop(key, None)
+            return key
+        writing = self._writing.get(key)
+        if writing is None or (writing.done() and writing.exception() is not None):
+            writing = _blob_writer().submit(self.blobs.put, key, data)
+            self._writing[key] = writing
+            writing.add_done_callback(functools.partial(self._written, key))
         return key
+
+    def _written(self, key: str, write: Future[None]) -> None:
+        if write.exception() is None and self._writing.get(key) is write:
+            self._writing.pop(key, None)
 
     def put_array(self, arr: np.ndarray) -> str:
         """Keep an RGB array as PNG; returns its ``blob://`` key."""
@@ -279,6 +307,15 @@ class ImageStore:
 
     def read(self, key: str) -> bytes:
         """The bytes behind a blob key (a model view evicted from memory is rebuilt)."""
+        writing = self._writing.get(key)
+        if writing is not None:  # put in the background: wait for it to be stored
+            try:
+                writing.result()
+            except Exception as exc:
+                raise ImageLoadError(
+                    f"image {key[: len(BLOB_SCHEME) + 12]}... could not be stored: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
         data = self.blobs.get(key) if is_blob_key(key) else None
         if data is not None:
             return data
