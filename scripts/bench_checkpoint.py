@@ -6,11 +6,16 @@ prints the bytes the checkpointer wrote per query, with and without the question
 each way the image is sent (a path, a ``data:`` URL) and for short and long agent thoughts.
 Before this package moved pixels out of state, one such query put 2.0 MB into the state.
 
-LangGraph records each run's input as sent in an "input" checkpoint (it is how a run can
-be replayed), so a ``data:`` URL is stored once there; ``durability="exit"`` writes only the
-final checkpoint, whose state holds references.
+LangGraph records each run's input in an "input" checkpoint (it is how a run is resumed or
+replayed); the graphs keep a ``data:`` URL there, as everywhere, as the ``blob://`` key of its
+bytes in the image store. The second table pastes a 12 MP photo (4000x3000 JPEG) into the
+plain graph and into the chat graph, on speculative and agentic queries, each run on a new
+thread, and prints what the thread's checkpoints take per run (checkpoints, channel values
+and saved writes) and how many stored rows hold image data (searched as bytes): SQLite, or
+the Postgres database ``--postgres DSN`` names (as LangGraph's servers and Aegra store them;
+its checkpoint tables are emptied first).
 
-    python3 scripts/bench_checkpoint.py [--queries 4]
+    python3 scripts/bench_checkpoint.py [--queries 4] [--postgres postgresql://...]
 """
 
 from __future__ import annotations
@@ -100,9 +105,110 @@ def measure(
     }
 
 
+def photo_12mp(path: Path) -> str:
+    """A 4000x3000 photo-like JPEG (smooth shading, fine noise, quality 90): a few MB, as a
+    phone's photo is."""
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:3000, 0:4000].astype(np.float32)
+    base = np.stack([x / 16, y / 12, (x + y) / 28], axis=-1) % 256
+    noise = rng.normal(0, 12, (3000, 4000, 3)).astype(np.float32)
+    Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8)).save(path, quality=90)
+    return str(path)
+
+
+IMAGE_SIGNS = (b"data:image", b"/9j/", b"\xff\xd8\xff")  # a data: URL, JPEG in base64 or raw
+
+
+def stored_rows(saver) -> list[tuple[str, bytes]]:
+    """(thread, stored bytes) of every row a SQLite or Postgres checkpointer wrote."""
+    if hasattr(saver.conn, "connection"):  # a psycopg pool: PostgresSaver
+        with saver.conn.connection() as conn:
+            return [
+                (thread, bytes(data or b""))
+                for query in (
+                    "SELECT thread_id, convert_to(checkpoint::text || metadata::text, 'UTF8')"
+                    " FROM checkpoints",
+                    "SELECT thread_id, blob FROM checkpoint_blobs",
+                    "SELECT thread_id, blob FROM checkpoint_writes",
+                )
+                for thread, data in conn.execute(query).fetchall()
+            ]
+    conn = saver.conn
+    return [
+        (thread, bytes(data or b""))
+        for query in (
+            "SELECT thread_id, checkpoint FROM checkpoints",
+            "SELECT thread_id, metadata FROM checkpoints",
+            "SELECT thread_id, value FROM writes",
+        )
+        for thread, data in conn.execute(query).fetchall()
+    ]
+
+
+def pasted(data_url: str, n: int, folder: Path, postgres: str | None) -> None:
+    """Bytes per run of a thread's checkpoints when each run pastes ``data_url``."""
+    from langchain_core.messages import HumanMessage
+
+    from speceyes_graph import create_speceyes_chat_graph
+
+    question = {"speculative": "Is there a door?", "agentic": QUESTION}
+    print(
+        f"\n{'graph':<7}{'route':<13}{'checkpointer':<14}{'KB/run':>8}{'rows with image data':>22}"
+    )
+    for kind in ("plain", "chat"):
+        for route in ("speculative", "agentic"):
+            saver, close = _saver(folder, postgres)
+            _, speculator, agent = models(THOUGHTS["short"])
+            judge = ScriptedChatModel(
+                respond=lambda m, r=route: "no" if r == "speculative" else "yes"
+            )
+            settings = {"judge": judge, "speculator": speculator, "agent": agent}
+            for i in range(n):
+                cfg = {"configurable": {"thread_id": f"{kind}-{route}-{i}"}}
+                if kind == "plain":
+                    graph = create_speceyes_graph(**settings).compile(checkpointer=saver)
+                    out = graph.invoke({"question": question[route], "images": [data_url]}, cfg)
+                    assert out["error"] is None, out["error"]
+                else:
+                    graph = create_speceyes_chat_graph(**settings).compile(checkpointer=saver)
+                    paste = {"type": "image_url", "image_url": {"url": data_url}}
+                    turn = HumanMessage(content=[{"type": "text", "text": question[route]}, paste])
+                    out = graph.invoke({"messages": [turn]}, cfg)
+                    assert out["error"] is None, out["error"]
+            rows = stored_rows(saver)
+            close()
+            with_image = sum(any(sign in data for sign in IMAGE_SIGNS) for _, data in rows)
+            per_run = sum(len(data) for _, data in rows) / n
+            print(
+                f"{kind:<7}{route:<13}{'Postgres' if postgres else 'SQLite':<14}"
+                f"{per_run / 1024:>8.1f}{with_image:>22}"
+            )
+
+
+def _saver(folder: Path, postgres: str | None):
+    """(checkpointer, close) on a fresh SQLite file, or on the emptied Postgres database."""
+    if postgres:
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg_pool import ConnectionPool
+
+        pool = ConnectionPool(postgres, kwargs={"autocommit": True, "prepare_threshold": 0})
+        saver = PostgresSaver(pool)
+        saver.setup()
+        with pool.connection() as conn:
+            conn.execute("TRUNCATE checkpoints, checkpoint_blobs, checkpoint_writes")
+        return saver, pool.close
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(
+        folder / f"pasted-{len(list(folder.glob('*.db')))}.db", check_same_thread=False
+    )
+    return SqliteSaver(conn), conn.close
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=4)
+    parser.add_argument("--postgres", help="a PostgreSQL DSN for the pasted-photo table")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -132,6 +238,20 @@ def main(argv: list[str] | None = None) -> int:
         "target: under 20 KB per agentic query (question text excluded). On a reused thread\n"
         "LangGraph's input checkpoints also hold the previous query's final state until intake\n"
         "resets it (SqliteSaver stores whole snapshots), hence the larger figures there."
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        photo = Path(photo_12mp(folder / "photo-12mp.jpg"))
+        data_url = "data:image/jpeg;base64," + base64.b64encode(photo.read_bytes()).decode()
+        print(
+            f"\npasted: a 4000x3000 photo, {photo.stat().st_size / 2**20:.1f} MiB JPEG, "
+            f"{len(data_url) / 2**20:.1f} MiB as a data: URL"
+        )
+        pasted(data_url, args.queries, folder, args.postgres)
+    print(
+        "target: no row with image data; a run's checkpoints as small as with a path. The\n"
+        "server keeps the request itself with the run (Aegra: runs.input and\n"
+        "runs.execution_params), a data: URL's size each: docs/deployment.md."
     )
     return 0
 

@@ -154,8 +154,7 @@ def tables_holding_pixels(conn: Any) -> dict[str, tuple[int, int]]:
             value, signs, cast = f'"{column}"::text', list(TEXT_SIGNS), ""
         test = " OR ".join(f"position(%s{cast} in {value}) > 0" for _ in signs)
         n, largest = conn.execute(
-            f'SELECT count(*), coalesce(max(octet_length({value})), 0) FROM "{table}"'
-            f" WHERE {test}",
+            f'SELECT count(*), coalesce(max(octet_length({value})), 0) FROM "{table}" WHERE {test}',
             signs,
         ).fetchone()
         if n:

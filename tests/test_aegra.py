@@ -350,9 +350,8 @@ def test_the_cluster_database_holds_no_pixels(cluster, plan):
     data (tests/checkpoint_pixels.py decodes each row and searches its bytes). Aegra's own
     record of each run's request is measured, not asserted: it keeps the input as sent."""
     import psycopg
-    from langgraph_sdk import get_sync_client
-
     from checkpoint_pixels import describe, leaks, postgres_rows, tables_holding_pixels
+    from langgraph_sdk import get_sync_client
 
     client = get_sync_client(url=cluster.url(0))
     threads = []

@@ -4,12 +4,13 @@ shared ones are bounded by size and age, and safe to write from many threads at 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from speceyes_tools import ImageStore
+from speceyes_tools import ImageLoadError, ImageStore
 from speceyes_tools.blobs import (
     DirectoryBlobs,
     FsspecBlobs,
@@ -136,3 +137,46 @@ def test_blobs_from_url(tmp_path, postgres_dsn):
     pg.close()
     with pytest.raises(ValueError, match="plain SQL identifier"):
         PostgresBlobs(postgres_dsn, table="blobs; DROP TABLE x")
+
+
+class _Gated(MemoryBlobs):
+    """Blobs whose writes wait for ``release`` (a slow disk), or fail (a full one)."""
+
+    def __init__(self, fail: bool = False):
+        super().__init__()
+        self.release, self.fail = threading.Event(), fail
+
+    def put(self, key: str, data: bytes) -> None:
+        self.release.wait(10)
+        if self.fail:
+            raise OSError("no space left on device")
+        super().put(key, data)
+
+
+def test_a_background_put_returns_its_key_and_reads_wait_for_the_write(scene):
+    """For callers on an event loop: the key at once, the write in a background thread; a
+    read of the key waits for it, so nothing reads an image that is not stored yet."""
+    data = open(scene, "rb").read()
+    blobs = _Gated()
+    store = ImageStore(blobs=blobs)
+    key = store.put(data, background=True)
+    assert key == blob_key(data) and blobs.get(key) is None  # not written yet
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(store.read, key)
+        time.sleep(0.2)
+        assert not reading.done()  # waiting for the write
+        blobs.release.set()
+        assert reading.result(10) == data
+    assert store.get(key).shape[:2] == store.get(scene).shape[:2]
+
+
+def test_a_failed_background_put_fails_the_reads_with_its_error(scene):
+    blobs = _Gated(fail=True)
+    blobs.release.set()
+    store = ImageStore(blobs=blobs)
+    key = store.put(open(scene, "rb").read(), background=True)
+    with pytest.raises(ImageLoadError, match="could not be stored: OSError: no space left"):
+        store.read(key)
+    blobs.fail = False  # the same bytes put again: stored, and read
+    assert store.put(open(scene, "rb").read(), background=True) == key
+    assert store.read(key) == open(scene, "rb").read()

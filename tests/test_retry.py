@@ -26,6 +26,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from helpers import deepeyes_agent, judge, speculator
 from speceyes_graph import create_speceyes_graph
 from speceyes_graph.compose import create_speceyes_chat_graph
+from speceyes_tools import ImageStore
+from speceyes_tools.blobs import MemoryBlobs
 
 # (name, graph settings, judge says, draft separability, the nodes that run)
 SCENARIOS = {
@@ -216,3 +218,49 @@ def test_a_run_killed_before_its_first_node_finishes_is_taken_over(scene, kind, 
     # resumed, not started again: one input checkpoint, and still no pixels anywhere
     assert [c.metadata["source"] for c in saver.list(config)].count("input") == 1
     assert not leaks(saver_rows(saver)), describe(leaks(saver_rows(saver)))
+
+
+class DroppedBlobs(MemoryBlobs):
+    """Blobs shared by workers; ``dropping``: a dying worker's writes never land (or fail)."""
+
+    def __init__(self, dropping: bool = True, error: Exception | None = None):
+        super().__init__()
+        self.dropping, self.error = dropping, error
+
+    def put(self, key: str, data: bytes) -> None:
+        if self.error is not None:
+            raise self.error
+        if not self.dropping:
+            super().put(key, data)
+
+
+def plain_graph(store: ImageStore):
+    return create_speceyes_graph(
+        judge=judge("no"), speculator=speculator("A", 9.0), agent=deepeyes_agent(), store=store
+    )
+
+
+def test_an_image_the_store_cannot_write_fails_its_query_clearly(scene):
+    """On an event loop the pasted bytes are written in the background; a write that fails
+    fails the query at intake with the store's error (and nothing else of the run goes on)."""
+    blobs = DroppedBlobs(error=OSError("no space left on device"))
+    sent = {"question": "What colour is it?", "images": [data_url(scene)]}
+    out = asyncio.run(plain_graph(ImageStore(blobs=blobs)).compile().ainvoke(sent))
+    assert out["error"].startswith("input: ") and "no space left on device" in out["error"]
+    assert out["answer"] is None and out["route"] is None
+
+
+def test_a_worker_killed_before_the_pasted_image_is_stored_fails_the_run_clearly(scene):
+    """The window the background write leaves: LangGraph saved the input record (the image's
+    key) and the worker died before the bytes landed. The run taken over cannot answer; it
+    fails at intake and says to send the image again, never answers without the image."""
+    blobs = DroppedBlobs(dropping=True)
+    sent = {"question": "What colour is it?", "images": [data_url(scene)]}
+    saver, config = DiesAfterInput(writes_saved=False), run_config("t", str(uuid.uuid4()))
+    dying = plain_graph(ImageStore(blobs=blobs)).compile(checkpointer=saver)
+    with pytest.raises(WorkerDied):
+        asyncio.run(dying.ainvoke(sent, config))
+    saver.dying, blobs.dropping = False, False
+    taking_over = plain_graph(ImageStore(blobs=blobs)).compile(checkpointer=saver)
+    out = asyncio.run(taking_over.ainvoke(sent, config))
+    assert out["answer"] is None and "send it again" in out["error"], out["error"]

@@ -332,7 +332,8 @@ class ImageStore:
             raise ImageLoadError(f"not a blob key: {redact(key)}")
         raise ImageLoadError(
             f"image {key[: len(BLOB_SCHEME) + 12]}... is not in this image store (evicted, or "
-            "stored by another process: use DirectoryBlobs for threads that outlive a process)"
+            "stored by another process: use DirectoryBlobs for threads that outlive a process; "
+            "or the worker that took the image died before storing it: send it again)"
         )
 
     def encoded(self, ref: str) -> bytes:
