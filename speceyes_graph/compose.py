@@ -193,27 +193,30 @@ def pasted_images_kept(value: Any, store: ImageStore) -> Any:
     """A chat run's input with every pasted image moved into ``store``: each message that
     carries one becomes the same message with ``blob://`` image blocks (a message dict
     becomes a message), written in the background on an event loop (as
-    :func:`~speceyes_graph.state.pixel_free`). What the store cannot take is left for
-    ``ask`` and the query to fail on, with their clear errors."""
+    :func:`~speceyes_graph.state.pixel_free`)."""
     if not isinstance(value, dict) or "messages" not in value:
         return value
     sent = value["messages"]
     items = sent if isinstance(sent, list) else [sent]
-    kept = []
-    for item in items:
-        try:
-            message = convert_to_messages([item])[0] if isinstance(item, dict) else item
-            new = (
-                dehydrate(message, store, background=on_event_loop())
-                if isinstance(message, BaseMessage)
-                else item
-            )
-        except Exception:
-            new = message = item
-        kept.append(item if new is message else new)
+    background = on_event_loop()
+    kept = [_kept_message(item, store, background) for item in items]
     if all(new is old for new, old in zip(kept, items, strict=True)):
         return value
     return {**value, "messages": kept if isinstance(sent, list) else kept[0]}
+
+
+def _kept_message(item: Any, store: ImageStore, background: bool) -> Any:
+    """One message as sent, its pasted images in the store; the item itself when it has
+    none, or is not one the store can take (``ask`` and the query then fail on it, with
+    their clear errors)."""
+    try:
+        message = convert_to_messages([item])[0] if isinstance(item, dict) else item
+        if not isinstance(message, BaseMessage):
+            return item
+        kept = dehydrate(message, store, background=background)
+    except Exception:
+        return item
+    return item if kept is message else kept
 
 
 def create_speceyes_chat_graph(
