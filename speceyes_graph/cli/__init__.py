@@ -2,7 +2,7 @@
 
 One module per command family, each adding its subcommands to the parser
 (``add_commands``): ``demo``, ``bench``, ``calibrate`` (and report), ``official``
-(import-official), ``graph`` (and the example), ``serve``.
+(import-official), ``online`` (replay-online), ``graph`` (and the example), ``serve``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, calibrate, demo, graph, official, serve
+from . import bench, calibrate, demo, graph, official, online, serve
 
 _DESCRIPTION = """\
 SpecEyes (arXiv 2603.23483): a large model judges whether a visual question needs its
@@ -25,6 +25,7 @@ examples:
   speceyes bench ... --small SPEC --mode speceyes --out runs/speceyes
   speceyes report runs/speceyes --baseline runs/agent
   speceyes import-official vstar_*_DeepEyes-7B_Qwen3-VL-2B-Instruct_6_min_0.98.jsonl --out runs/official
+  speceyes replay-online runs/vstar runs/hr4k --max-risk 0.02 --shadow-rate 0.1 --plot online.png
   speceyes graph --format png -o workflow.png
 
 'speceyes COMMAND --help' lists each command's options."""
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for family in (graph, demo, bench, calibrate, official, serve):
+    for family in (graph, demo, bench, calibrate, official, online, serve):
         family.add_commands(sub)
     return parser
 

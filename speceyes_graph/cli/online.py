@@ -1,0 +1,146 @@
+"""``speceyes replay-online``: run folders replayed as one production stream through the
+online gate (:mod:`speceyes_graph.online_gate`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def cmd_replay_online(args: argparse.Namespace) -> int:
+    from ..benchmarks.online_replay import replay, stream_from_records, summarise
+    from ..benchmarks.runner import read_records
+    from ..online_gate import OnlineGate
+
+    runs = []
+    for folder in args.runs:
+        records = read_records(folder)
+        if not records:
+            print(f"speceyes replay-online: no records in {folder}", file=sys.stderr)
+            return 2
+        if args.shuffle is not None:  # within each run: the runs stay in the given order
+            records = list(records)
+            random.Random(args.shuffle).shuffle(records)
+        runs.append((Path(folder).name, records))
+    stream, sources = stream_from_records(runs, aggregation=args.aggregation)
+    if not any(q.score is not None for q in stream):
+        print("speceyes replay-online: no gated drafts in these runs", file=sys.stderr)
+        return 2
+    gate = OnlineGate(
+        args.max_risk, args.shadow_rate, tau=args.tau, window=args.gate_window, seed=args.seed
+    )
+    log = replay(stream, gate, seed=args.seed)
+    summary = summarise(stream, log, args.max_risk, list(gate.taus), window=args.window)
+    summary["labels"] = sources
+    print(_table(summary, args))
+    if args.json:
+        Path(args.json).write_text(json.dumps({**summary, "tau_path": log.tau}, indent=2))
+        print(f"wrote {args.json}")
+    if args.plot:
+        _plot(log, args.max_risk, args.window, Path(args.plot))
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _table(summary: dict[str, Any], args: argparse.Namespace) -> str:
+    lines = [
+        f"online gate: risk target {args.max_risk}, shadow rate {args.shadow_rate}, "
+        f"start tau {args.tau}; labels against the agent's answer for "
+        f"{summary['labels']['agent']} drafts, the reference answer for "
+        f"{summary['labels']['reference']}",
+        f"{'run':<28}{'queries':>8}{'accepted':>10}{'risk':>8}{'acc. err':>10}"
+        f"{'fallbacks':>10}{'shadows':>9}{'tau start..end (min-max)':>28}{'hindsight':>11}",
+    ]
+    for part in [*summary["segments"], summary["overall"]]:
+        taus = (
+            f"{part['tau_start']:.3f}..{part['tau_end']:.3f} "
+            f"({part['tau_min']:.3f}-{part['tau_max']:.3f})"
+            if part["tau_start"] is not None
+            else "-"
+        )
+        lines.append(
+            f"{part['segment'][:27]:<28}{part['queries']:>8}{part['acceptance']:>10.3f}"
+            f"{part['risk']:>8.4f}{part['accepted_error']:>10.3f}{part['fallbacks']:>10}"
+            f"{part['shadows']:>9}{taus:>28}{part['hindsight_acceptance']:>11.3f}"
+        )
+    if summary.get("worst_window_risk") is not None:
+        lines.append(
+            f"worst risk over windows of {summary['window']} queries: "
+            f"{summary['worst_window_risk']:.4f}"
+        )
+    lines.append(
+        "risk: queries answered by an accepted draft that disagrees; hindsight: the acceptance "
+        "of the best fixed tau for that run, knowing its labels"
+    )
+    return "\n".join(lines)
+
+
+def _plot(log: Any, max_risk: float, window: int, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    loss = np.asarray(log.loss, dtype=float)
+    x = np.arange(1, len(loss) + 1)
+    running = np.cumsum(loss) / x
+    recent = (
+        np.convolve(loss, np.ones(window) / window, mode="valid") if len(loss) >= window else None
+    )
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    top.plot(x, log.tau, lw=1)
+    top.set_ylabel("tau")
+    bottom.plot(x, running, label="risk so far")
+    if recent is not None:
+        bottom.plot(np.arange(window, len(loss) + 1), recent, label=f"last {window} queries")
+    bottom.axhline(max_risk, color="red", ls="--", label="target")
+    bottom.set_ylabel("realised risk")
+    bottom.set_xlabel("query")
+    bottom.legend()
+    starts = [0] + [i for i in range(1, len(log.segment)) if log.segment[i] != log.segment[i - 1]]
+    for ax in (top, bottom):
+        for i in starts[1:]:
+            ax.axvline(i + 1, color="grey", lw=0.5)
+    for k, i in enumerate(starts):  # each run's name where it starts, staggered
+        top.annotate(
+            log.segment[i],
+            (i + 1, 1 - 0.08 * (k % 3)),
+            xycoords=("data", "axes fraction"),
+            fontsize=8,
+            va="top",
+            xytext=(2, -2),
+            textcoords="offset points",
+        )
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def add_commands(sub: Any) -> None:
+    """Add this family's subcommands to the ``speceyes`` parser."""
+    p = sub.add_parser(
+        "replay-online",
+        help="replay run folders as one production stream through the online gate: risk, "
+        "acceptance, agent calls and the path of tau",
+    )
+    p.add_argument("runs", nargs="+", help="run folders, in stream order")
+    p.add_argument("--max-risk", type=float, default=0.02, help="the risk target (default 0.02)")
+    p.add_argument(
+        "--shadow-rate", type=float, default=0.1, help="share of accepted drafts verified"
+    )
+    p.add_argument("--tau", type=float, default=0.98, help="where tau starts (default 0.98)")
+    p.add_argument(
+        "--shuffle", type=int, metavar="SEED", help="shuffle the queries within each run"
+    )
+    p.add_argument("--aggregation", default="min", help="the separability aggregation (min)")
+    p.add_argument("--gate-window", type=int, default=2000, help="queries the gate looks back on")
+    p.add_argument("--window", type=int, default=500, help="queries per reported risk window")
+    p.add_argument("--seed", type=int, default=0, help="seed of the shadow draws")
+    p.add_argument("--json", help="write the summary and the tau path here")
+    p.add_argument("--plot", help="write a PNG of tau and the running risk here")
+    p.set_defaults(func=cmd_replay_online)
