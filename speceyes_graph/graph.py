@@ -63,6 +63,8 @@ from .agent import (
 )
 from .effects import Blocking, Collect, ModelCall, Steps, Subgraph, node, router
 from .messages import Protocol, bare_model, for_model, user_message
+from .online_gate import OnlineGate
+from .online_steps import OnlineSteps
 from .parallel_drafts import StartedDrafts
 from .prompts import Prompts
 from .protocol import message_text, parse_judge
@@ -110,6 +112,7 @@ _CLEAN_RUN: dict[str, Any] = {
     "error": None,
     "query": None,
     "pending_draft": None,
+    "gate_key": None,
 }
 _AUTO_PROTOCOL: dict[tuple[str, ...], Protocol] = {
     ("image_zoom_in_tool",): "deepeyes",
@@ -136,7 +139,7 @@ def create_speceyes_graph(
     tools: str | Path | Toolset | Sequence[BaseTool] | None = "deepeyes",
     mode: Mode = "speceyes",
     speculation: Speculation = "after_judge",
-    gate: GateConfig | str | Path | None = None,
+    gate: GateConfig | OnlineGate | str | Path | None = None,
     speculator_as_judge: bool = False,
     max_agent_steps: int | None = None,
     judge_max_tokens: int | None = 10,
@@ -171,7 +174,11 @@ def create_speceyes_graph(
             tool-free) or ``parallel`` (draft while the judge runs; see the module docstring).
         gate: threshold, K, aggregation (defaults: tau 0.98, K 64, ``min``), or the path of
             a gate file from ``speceyes calibrate``; per run: context ``tau``, ``k``,
-            ``aggregation``.
+            ``aggregation``. Or an :class:`~speceyes_graph.online_gate.OnlineGate`: tau moves
+            with the labels production gives so the risk stays at its target, and a share of
+            accepted drafts is shadow-verified by the agent off the user's path; each draft
+            records the ``tau`` it met and whether it was ``shadowed`` (a run whose context
+            sets ``tau`` is gated at that tau instead, and not observed).
         speculator_as_judge: use the small model as the judge (the paper's ablation).
         max_agent_steps: model turns of the agent loop (per run: ``max_agent_steps``, up to
             ``limits.max_agent_steps``); default 6, or Thyme's published 5.
@@ -223,6 +230,12 @@ def create_speceyes_graph(
     # cast: the loops (agent, small, SpecReason) are built only with an agent, for which
     # "auto" was resolved above
     loop_protocol = cast(Protocol, chosen)
+    online = gate if isinstance(gate, OnlineGate) else None
+    online_steps: OnlineSteps | None = None  # built with the agent loop, which labels drafts
+    if online is not None:
+        if agent is None:
+            raise ValueError("an online gate learns from the agent's answers: give agent=...")
+        gate = online.config
     gate = (
         GateConfig.load(gate)
         if isinstance(gate, (str, Path))
@@ -359,10 +372,13 @@ def create_speceyes_graph(
         t0 = time.perf_counter()
         clean = {**_CLEAN_RUN, "timings": Overwrite({})}
         try:
-            settings = resolve_settings(run_overrides(runtime.context, config), defaults, limits)
+            overrides = run_overrides(runtime.context, config)
+            settings = resolve_settings(overrides, defaults, limits)
         except Exception as exc:
             return {**clean, **_overwrite_timings(failed({}, "settings", exc, t0))}
         clean["settings"] = settings.as_dict()
+        if online_steps is not None:
+            clean["gate_key"] = online_steps.key(config, overrides, settings.mode)
         clean["deadline"] = deadline = time.time() + settings.query_timeout_s
         announced: list[tuple[Any, dict[str, Any]]] = []
         try:
@@ -402,7 +418,7 @@ def create_speceyes_graph(
     # the node each label leads to.
 
     # --- phase I ----------------------------------------------------------------------------------
-    def judge_node(state: SpecEyesState) -> Steps:
+    def judge_node(state: SpecEyesState, runtime: Runtime[SpecEyesContext]) -> Steps:
         t0 = time.perf_counter()
         query = state["query"]
         ticket = (yield from drafts.start(draft_reply(state))) if parallel else None
@@ -430,6 +446,8 @@ def create_speceyes_graph(
             update["pending_draft"] = ticket
         elif update["route"] is None and traits(speculator)[0]:  # the draft comes next
             bare_model(speculator).announce(**draft_kwargs)
+        if online_steps is not None and update["route"] == "judged-agentic":
+            yield from online_steps.no_draft(state.get("gate_key"), runtime.store)
         return update
 
     def after_judge(state: SpecEyesState) -> str:
@@ -484,13 +502,16 @@ def create_speceyes_graph(
         return {"draft": draft, "timings": {"speculate": time.perf_counter() - t0}}
 
     # --- phase III --------------------------------------------------------------------------------
-    def gate_node(state: SpecEyesState) -> dict[str, Any]:
+    def gate_node(state: SpecEyesState, runtime: Runtime[SpecEyesContext]) -> Steps:
         draft = state.get("draft") or {}
         if state["settings"]["mode"] == "small":
             return {"answer": draft.get("text") or None, "route": "draft-only"}
+        update: dict[str, Any] = {}
+        if online_steps is not None and state.get("gate_key"):
+            draft = update["draft"] = yield from online_steps.decide(state, draft, runtime.store)
         if draft.get("accepted"):
-            return {"answer": draft.get("text"), "route": "speculative"}
-        return {"route": "rejected-agentic"}
+            return {**update, "answer": draft.get("text"), "route": "speculative"}
+        return {**update, "route": "rejected-agentic"}
 
     def after_gate(state: SpecEyesState) -> str:
         if state.get("route") == "rejected-agentic":
@@ -537,10 +558,24 @@ def create_speceyes_graph(
             options=loop,
         ).compile(name="agent_loop")
 
+        def loop_input(
+            state: Mapping[str, Any], draft: Mapping[str, Any], deadline: float | None
+        ) -> dict[str, Any]:
+            query, settings = state["query"], state["settings"]
+            return {
+                "question": query["question"],
+                "images": query["images"],
+                "options": query["options"],
+                "draft": None if draft.get("discarded") else (draft or None),
+                "max_steps": settings["max_agent_steps"],
+                "deadline": deadline,
+                "model_timeout_s": settings["model_timeout_s"],
+                "tool_timeout_s": settings["tool_timeout_s"],
+            }
+
         def agent_loop(state: SpecEyesState) -> Steps:
             t0 = time.perf_counter()
-            query, settings = state["query"], state["settings"]
-            draft = state.get("draft") or {}
+            settings = state["settings"]
             try:
                 with deadline_scope(state.get("deadline")):
                     check_deadline("agent loop")
@@ -550,25 +585,40 @@ def create_speceyes_graph(
                 # that get_graph(xray=True) and Studio draw.
                 out = yield Subgraph(
                     compiled_loop.copy(update={"checkpointer": False}),
-                    {
-                        "question": query["question"],
-                        "images": query["images"],
-                        "options": query["options"],
-                        "draft": None if draft.get("discarded") else state.get("draft"),
-                        "max_steps": settings["max_agent_steps"],
-                        "deadline": state.get("deadline"),
-                        "model_timeout_s": settings["model_timeout_s"],
-                        "tool_timeout_s": settings["tool_timeout_s"],
-                    },
+                    loop_input(state, state.get("draft") or {}, state.get("deadline")),
                     {"recursion_limit": recursion_limit(settings["max_agent_steps"])},
                 )
             except DeadlineExceeded as exc:
-                return {**failed(state, "agent", exc, t0), "stop_reason": "deadline"}
+                out = {**failed(state, "agent", exc, t0), "stop_reason": "deadline"}
             except Exception as exc:
-                return failed(state, "agent", exc, t0)
+                out = failed(state, "agent", exc, t0)
+            if online_steps is not None and state.get("route") == "rejected-agentic":
+                failed_loop = bool(out.get("error")) or not out.get("answer")
+                yield from online_steps.rejected(state, out.get("answer"), failed_loop)
             if out.get("error") and settings["on_error"] == "raise":
                 raise SpecEyesError(out["error"])
             return out
+
+        def shadow_answer(state: Mapping[str, Any], draft: Draft) -> str | None:
+            """The agent's answer to a query whose draft was accepted (a shadow run: in a
+            thread of its own, with a deadline of its own, traced as its own run)."""
+            settings = state["settings"]
+            deadline = time.time() + settings["query_timeout_s"]
+            out = compiled_loop.copy(update={"checkpointer": False}).invoke(
+                loop_input(state, draft, deadline),
+                {
+                    "recursion_limit": recursion_limit(settings["max_agent_steps"]),
+                    "run_name": "shadow_verification",
+                    "tags": ["speceyes:shadow"],
+                    "metadata": {"gate_key": state.get("gate_key")},
+                },
+            )
+            if out.get("error") or not out.get("answer"):
+                raise RuntimeError(out.get("error") or "the shadow run gave no answer")
+            return out["answer"]
+
+        if online is not None:
+            online_steps = OnlineSteps(online, shadow_answer)
 
         graph.add_node("agent_loop", node(agent_loop))
         graph.add_edge("agent_loop", END)

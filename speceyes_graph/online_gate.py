@@ -39,21 +39,49 @@ Candes 2021) or online risk control (Feldman et al. 2023): those bound the long-
 deployment spends part of its time above it; the windowed bound stays under the target
 whenever the recent past resembles the next queries, and pays for a change by accepting
 less until the window has seen the new traffic.
+
+**In the graph.** ``create_speceyes_graph(gate=OnlineGate(...))`` gates each tool-free
+draft with :meth:`OnlineGate.decide` and records the tau it met and whether it was shadowed
+in the query's ``draft``. A rejected draft is labelled by the agent's answer
+(:func:`~speceyes_graph.answers.answers_agree`); a shadowed one by a shadow run of the
+agent loop in :class:`ShadowRuns` (bounded threads and queue, off the user's path: the
+answer has already returned); a query the judge sent to the tools counts in the window
+without a draft. Where observations live is the gate's ledger
+(:mod:`speceyes_graph.ledger`): this process's memory, or the run's LangGraph store, which
+every worker of a deployment shares.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
+import time
+import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import NormalDist
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from langgraph.store.base import BaseStore
 
-__all__ = ["GateDecision", "OnlineGate", "default_taus", "upper_bound"]
+from .ledger import GateLedger, MemoryLedger, Observation, StoreLedger
+from .separability import GateConfig
+
+__all__ = [
+    "GateDecision",
+    "OnlineGate",
+    "ShadowRuns",
+    "default_taus",
+    "upper_bound",
+]
+
+log = logging.getLogger(__name__)
 
 
 def upper_bound(successes: np.ndarray, trials: np.ndarray, delta: float) -> np.ndarray:
@@ -78,18 +106,83 @@ def default_taus() -> list[float]:
 @dataclass(frozen=True)
 class GateDecision:
     """What the gate said for one draft: accepted at ``tau``, and shadowed (the agent runs
-    on it anyway, off the user's path, to label it) with chance ``shadow_rate``."""
+    on it anyway, off the user's path, to label it) with chance ``shadow_rate``; ``at``:
+    when (it orders the gate's window); ``risk`` and ``risk_bound``: the window's estimated
+    risk at ``tau`` and its upper bound then (None before the warm-up ends)."""
 
     accepted: bool
     shadowed: bool
     tau: float
+    at: float = 0.0
+    risk: float | None = None
+    risk_bound: float | None = None
 
 
-@dataclass(frozen=True)
-class _Query:
-    score: float | None  # None: no draft (the judge sent the query to the agent)
-    accepted: bool  # when it came
-    disagrees: bool | None  # None: no label (accepted and not shadowed, or the shadow failed)
+class ShadowRuns:
+    """Shadow verification off the user's path: at most ``concurrency`` runs at once in
+    threads of their own and ``queue`` more waiting; past that a shadow is dropped (its
+    label is lost, nothing else; counted). Each run's cost is counted: runs, seconds,
+    failures."""
+
+    def __init__(self, concurrency: int = 2, queue: int = 64) -> None:
+        if concurrency < 1 or queue < 0:
+            raise ValueError(f"concurrency must be >= 1 and queue >= 0: {concurrency}, {queue}")
+        self.concurrency, self.queue = concurrency, queue
+        self._pool: ThreadPoolExecutor | None = None
+        self._slots = threading.BoundedSemaphore(concurrency + queue)
+        self._lock = threading.Lock()
+        self._running: set[Future] = set()
+        self.counts = {"started": 0, "labelled": 0, "failed": 0, "dropped": 0}
+        self.seconds = 0.0
+
+    def submit(self, run: Callable[[], bool], done: Callable[[bool | None], None]) -> bool:
+        """Start ``run`` (it returns whether the draft disagrees); ``done`` gets its label,
+        or None when it failed. False: no room, the shadow was dropped."""
+        if not self._slots.acquire(blocking=False):
+            with self._lock:
+                self.counts["dropped"] += 1
+            done(None)
+            return False
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.concurrency, "speceyes-shadow")
+            self.counts["started"] += 1
+            future = self._pool.submit(self._run, run, done)
+            self._running.add(future)
+        future.add_done_callback(self._finished)
+        return True
+
+    def _run(self, run: Callable[[], bool], done: Callable[[bool | None], None]) -> None:
+        t0 = time.perf_counter()
+        label: bool | None = None
+        try:
+            label = bool(run())
+        except Exception as exc:  # a failed shadow loses only its label
+            log.info("shadow run failed: %s: %s", type(exc).__name__, exc)
+        with self._lock:
+            self.seconds += time.perf_counter() - t0
+            self.counts["labelled" if label is not None else "failed"] += 1
+        try:
+            done(label)
+        except Exception:
+            log.exception("recording a shadow run's label failed")
+
+    def _finished(self, future: Future) -> None:
+        with self._lock:
+            self._running.discard(future)
+        self._slots.release()
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait for the shadow runs in flight (a CLI before it exits, a test); True if none
+        is left."""
+        with self._lock:
+            running = set(self._running)
+        _, pending = wait_for(running, timeout=timeout)
+        return not pending
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {**self.counts, "running": len(self._running), "seconds": self.seconds}
 
 
 class OnlineGate:
@@ -101,10 +194,20 @@ class OnlineGate:
         shadow_rate: the share of accepted drafts the agent verifies off the user's path.
         delta: the level of each window's bound.
         window: how many recent queries the estimate uses.
-        tau: where it starts (the published 0.98, or a gate file's tau).
-        warmup: queries seen before tau moves from ``tau``.
+        tau: where it starts; default the ``config``'s tau (the published 0.98, a gate
+            file's, the label-free estimate of ``speceyes calibrate --unlabelled``).
+        config: the score it gates (K, aggregation, alpha) and its starting tau: a
+            :class:`~speceyes_graph.separability.GateConfig` or a gate file's path.
+        warmup: queries in the window before tau moves from where it started.
         taus: the candidate taus (default :func:`default_taus`).
         seed: for the shadow draws (None: random).
+        store: where the observations live. ``"run"`` (default): the run's LangGraph store
+            when the graph has one (``langgraph dev``, Aegra, LangGraph Platform, or
+            ``compile(store=...)``), so every worker shares one gate; else this process's
+            memory. None: always this process's memory. A ``BaseStore``: that store.
+        namespace: the gate's name in the store (one per gate of a deployment).
+        shadow_concurrency, shadow_queue: bounds of the shadow runs (:class:`ShadowRuns`).
+        sync_s: how often a worker reads the other workers' observations.
 
     Thread-safe: one gate serves every query of a process.
     """
@@ -116,10 +219,16 @@ class OnlineGate:
         *,
         delta: float = 0.1,
         window: int = 2000,
-        tau: float = 0.98,
+        tau: float | None = None,
+        config: GateConfig | str | Path | None = None,
         warmup: int = 200,
         taus: Sequence[float] | None = None,
         seed: int | None = None,
+        store: BaseStore | Literal["run"] | None = "run",
+        namespace: str = "default",
+        shadow_concurrency: int = 2,
+        shadow_queue: int = 64,
+        sync_s: float = 1.0,
     ) -> None:
         if not 0 < max_risk < 1:
             raise ValueError(f"max_risk must be in (0, 1), got {max_risk}")
@@ -127,47 +236,114 @@ class OnlineGate:
             raise ValueError(f"shadow_rate must be in (0, 1], got {shadow_rate}")
         if not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta}")
-        if window < 2 or warmup < 0:
-            raise ValueError(f"window must be at least 2 and warmup at least 0: {window}, {warmup}")
+        if window < 2 or not 0 <= warmup <= window:
+            raise ValueError(f"window must be at least 2, warmup in 0..window: {window}, {warmup}")
+        config = GateConfig.load(config) if isinstance(config, (str, Path)) else config
+        self.config = (config or GateConfig()).replace(**({} if tau is None else {"tau": tau}))
         self.max_risk, self.shadow_rate, self.delta = max_risk, shadow_rate, delta
-        self.window, self.warmup, self.start_tau = window, warmup, tau
+        self.window, self.warmup, self.start_tau = window, warmup, self.config.tau
         grid = default_taus() if taus is None else taus
         self.taus = np.array(sorted({float(t) for t in grid} | {1.0}, reverse=True))
-        self.tau = tau
-        self.seen = 0
-        self._queries: deque[_Query] = deque(maxlen=window)
+        self.tau = self.start_tau
+        self.risk: float | None = None  # the window's estimate at tau, and its bound
+        self.risk_bound: float | None = None
+        self.seen = 0  # observations this process made
+        self.namespace, self.sync_s = namespace, sync_s
+        self._store_choice = store
+        self.ledger: GateLedger = (
+            StoreLedger(store, self._namespace(), window, sync_s=sync_s)
+            if isinstance(store, BaseStore)
+            else MemoryLedger(window)
+        )
+        self.shadows = ShadowRuns(shadow_concurrency, shadow_queue)
+        self.history: deque[dict[str, Any]] = deque(maxlen=100_000)
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
 
+    def _namespace(self) -> tuple[str, ...]:
+        return ("speceyes", "online_gate", self.namespace)
+
+    # --- where observations live ---------------------------------------------------------------
+    def bind(self, store: BaseStore | None) -> None:
+        """Share the run's store (``runtime.store``), if the gate was told to (``store="run"``)
+        and is not bound yet; the graph's nodes call this."""
+        if store is None or self._store_choice != "run" or self.ledger.shared:
+            return
+        with self._lock:
+            if not self.ledger.shared:
+                ledger = StoreLedger(store, self._namespace(), self.window, sync_s=self.sync_s)
+                self.ledger = ledger
+                log.info("online gate %r shares the run's store", self.namespace)
+
+    def stale(self) -> bool:
+        """Whether other workers' observations should be read before the next decision."""
+        return self.ledger.stale()
+
+    def refresh(self) -> None:
+        """Read other workers' observations (blocking I/O: off the event loop) and refit."""
+        if self.ledger.sync():
+            self._refit()
+
+    # --- gating and labels ---------------------------------------------------------------------
     def decide(self, score: float | None) -> GateDecision:
         """Gate one draft's acceptance score at the current tau; draw whether to shadow it."""
         with self._lock:
-            tau = self.tau
+            tau, risk, bound = self.tau, self.risk, self.risk_bound
             accepted = score is not None and score > tau
             shadowed = accepted and self._rng.random() < self.shadow_rate
-        return GateDecision(accepted, shadowed, tau)
+        return GateDecision(accepted, shadowed, tau, time.time(), risk, bound)
 
     def observe(
-        self, decision: GateDecision | None, score: float | None, disagrees: bool | None
+        self,
+        decision: GateDecision | None,
+        score: float | None,
+        disagrees: bool | None,
+        key: str | None = None,
     ) -> None:
         """One query's outcome: its decision (None: it had no draft), its score and whether
         the draft disagreed with the agent (None when no label was taken: an accepted draft
-        not shadowed, or a shadow run that failed). Moves tau."""
+        not shadowed, a shadow run still running or failed). ``key``: the query's own (a
+        run redelivered, or a shadow's label arriving later, replaces its entry). Moves
+        tau."""
         accepted = decision is not None and decision.accepted
-        if accepted and decision is not None and not decision.shadowed:
+        shadowed = decision is not None and decision.shadowed
+        if accepted and not shadowed:
             disagrees = None  # a label the gate did not ask for would bias the estimate
+        at = decision.at if decision is not None and decision.at else time.time()
+        observation = Observation(at, score, accepted, shadowed, disagrees)
+        self.ledger.record(key or uuid.uuid4().hex, observation)
         with self._lock:
-            self._queries.append(_Query(score, accepted, disagrees))
             self.seen += 1
-            if self.seen >= self.warmup:
-                self.tau = float(self._certified_tau())
+        self._refit()
+
+    def _refit(self) -> None:
+        recent = self.ledger.recent()
+        tau = self.start_tau
+        estimate = bound = None
+        if len(recent) >= self.warmup:
+            estimates, bounds = self._bounds(recent)
+            tau = self._certified_tau(bounds)
+            at = int(np.searchsorted(-self.taus, -tau))  # taus run from 1.0 down
+            estimate, bound = float(estimates[at]), float(bounds[at])
+        with self._lock:
+            self.tau, self.risk, self.risk_bound = tau, estimate, bound
+            self.history.append(
+                {
+                    "seen": self.seen,
+                    "window": len(recent),
+                    "tau": tau,
+                    "risk": estimate,
+                    "risk_bound": bound,
+                    "shadowed": sum(q.accepted and q.disagrees is not None for q in recent),
+                    "accepted": sum(q.accepted for q in recent),
+                }
+            )
 
     def risk_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """(estimated risk, its upper bound) of the window at each candidate in ``taus``."""
-        with self._lock:
-            return self._bounds(list(self._queries))
+        return self._bounds(self.ledger.recent())
 
-    def _bounds(self, queries: list[_Query]) -> tuple[np.ndarray, np.ndarray]:
+    def _bounds(self, queries: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
         n = len(queries)
 
         def above(scores: list[float]) -> np.ndarray:  # how many exceed each candidate
@@ -184,24 +360,26 @@ class OnlineGate:
         bound = (lost + accepted * upper_bound(wrong, shadowed, self.delta)) / max(n, 1)
         return estimate, bound
 
-    def _certified_tau(self) -> float:
+    def _certified_tau(self, bound: np.ndarray) -> float:
         """The most permissive candidate, from the strictest down, whose bound stays at or
         below ``max_risk`` (1.0 accepts nothing and always passes)."""
-        _, bound = self._bounds(list(self._queries))
         failing = np.nonzero(bound > self.max_risk)[0]
         last = (failing[0] if len(failing) else len(self.taus)) - 1
         return float(self.taus[last]) if last >= 0 else 1.0
 
     def state(self) -> dict[str, Any]:
-        """What a run records of the gate: the tau now and the evidence behind it."""
-        with self._lock:
-            queries = list(self._queries)
+        """What a run records of the gate: the tau now, the evidence behind it, the shadow
+        runs' cost."""
+        queries = self.ledger.recent()
         return {
             "tau": self.tau,
+            "start_tau": self.start_tau,
             "seen": self.seen,
             "window": len(queries),
             "labelled": sum(q.disagrees is not None for q in queries if q.score is not None),
             "shadowed": sum(q.accepted and q.disagrees is not None for q in queries),
             "max_risk": self.max_risk,
             "shadow_rate": self.shadow_rate,
+            "shared": self.ledger.shared,
+            "shadow_runs": self.shadows.stats(),
         }

@@ -106,6 +106,14 @@ class Draft(TypedDict, total=False):
     note: str | None  # e.g. scored with fewer than K competitors (GateConfig(clamp=True))
     discarded: bool  # drafted beside the judge, which then asked for tools (note says how)
     batch_size: int  # requests in the speculator's generate call (local models report it)
+    # an online gate (OnlineGate): the tau this draft met, whether it was shadow-verified,
+    # when it was gated (time.time()), and the gate's estimated risk at that tau then, with
+    # its upper bound (None while the gate warms up)
+    tau: float
+    shadowed: bool
+    gated_at: float
+    gate_risk: float | None
+    gate_risk_bound: float | None
     # depth-D speculation (``tool_draft``): the small model's tool loop before the answer
     depth: int  # the tool steps it was allowed (speculation_depth)
     steps: list[AgentStep]  # its turns: model text, tool calls with boxes, latencies
@@ -349,6 +357,7 @@ class SpecEyesState(SpecEyesInput, SpecEyesOutput, total=False):
     settings: dict[str, Any]  # this run's resolved settings (see settings.RunSettings)
     deadline: float  # this query's absolute deadline, time.time() seconds
     pending_draft: str | None  # ticket of a draft started beside the judge (parallel speculation)
+    gate_key: str | None  # this query's key in the online gate's ledger (None: not gated online)
 
 
 class SpecEyesContext(TypedDict, total=False):

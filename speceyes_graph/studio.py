@@ -2,7 +2,14 @@
 
 - ``speceyes``: the SpecEyes graph (question, images, options in; answer, route, evidence out);
 - ``speceyes_chat``: the same models behind a chat front (Studio's chat view, chat UIs);
-- ``speceyes_example``: the offline example's scripted models, for a look at the workflow.
+- ``speceyes_example``: the offline example's scripted models, for a look at the workflow;
+- ``speceyes_online``: ``speceyes`` with the online gate
+  (:class:`~speceyes_graph.online_gate.OnlineGate`): tau follows the labels production gives
+  so the risk stays at ``SPECEYES_MAX_RISK`` (0.02), shadow-verifying ``SPECEYES_SHADOW_RATE``
+  (0.1) of accepted drafts; its observations live in the server's store (Aegra's and
+  LangGraph Platform's PostgreSQL, ``langgraph dev``'s own), so every worker and instance
+  shares one gate. ``SPECEYES_GATE_WINDOW`` (2000) and ``SPECEYES_GATE_WARMUP`` (200) set its
+  window and the queries it sees before tau moves.
 
 Models come from the environment, so the same file serves a laptop and a cluster:
 
@@ -39,6 +46,7 @@ from typing import Any
 
 from speceyes_graph.compose import create_speceyes_chat_graph
 from speceyes_graph.graph import create_speceyes_graph
+from speceyes_graph.online_gate import OnlineGate
 from speceyes_graph.separability import GateConfig
 from speceyes_tools.blobs import blobs_from_url
 from speceyes_tools.images import ImagePolicy, ImageStore
@@ -159,6 +167,27 @@ def make_chat_graph():
     return _served(create_speceyes_chat_graph, served_models(), "speceyes_chat")
 
 
+def online_gate(gate: GateConfig) -> OnlineGate:
+    """The served online gate, from the environment; it starts at the served tau."""
+    return OnlineGate(
+        float(env("SPECEYES_MAX_RISK", "0.02")),
+        float(env("SPECEYES_SHADOW_RATE", "0.1")),
+        config=gate,
+        window=int(env("SPECEYES_GATE_WINDOW", "2000")),
+        warmup=int(env("SPECEYES_GATE_WARMUP", "200")),
+        namespace="speceyes_online",
+    )
+
+
+def make_online_graph():
+    models = served_models()
+    return _served(
+        create_speceyes_graph,
+        {**models, "gate": online_gate(models.get("gate") or GateConfig())},
+        "speceyes_online",
+    )
+
+
 def make_example_graph():
     return _served(create_speceyes_graph, example_models(), "speceyes_example")
 
@@ -166,3 +195,4 @@ def make_example_graph():
 graph = make_graph()
 chat_graph = make_chat_graph()
 example_graph = make_example_graph()
+online_graph = make_online_graph()

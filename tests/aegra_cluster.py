@@ -32,7 +32,17 @@ with PostgresSaver.from_conn_string(sys.argv[1]) as saver:
 with PostgresStore.from_conn_string(sys.argv[1]) as store:
     store.setup()
 """
-CONFIG = f'{{"graphs": {{"speceyes": "{SERVE}:graph", "speceyes_chat": "{SERVE}:chat_graph"}}}}'
+CONFIG = (
+    f'{{"graphs": {{"speceyes": "{SERVE}:graph", "speceyes_chat": "{SERVE}:chat_graph", '
+    f'"speceyes_online": "{SERVE}:online_graph"}}}}'
+)
+# the online gate of the graph "speceyes_online" (tests/test_aegra.py): it moves after a few
+# queries, and shadows half the accepted drafts
+ONLINE_GATE = {
+    "SPECEYES_GATE_WARMUP": "10",
+    "SPECEYES_GATE_WINDOW": "500",
+    "SPECEYES_SHADOW_RATE": "0.5",
+}
 
 
 def free_port() -> int:
@@ -70,6 +80,7 @@ class AegraCluster:
             # instance runs finds the thread's image there
             "SPECEYES_BLOB_URL": dsn,
             "OMP_NUM_THREADS": "1",
+            **ONLINE_GATE,
         }
         self.redis: subprocess.Popen | None = None
         self.instances: list[tuple[int, subprocess.Popen]] = []
@@ -117,6 +128,16 @@ class AegraCluster:
         self.instance_pids = [self.pids(i) for i in range(n)]
         return self
 
+    def add(self, timeout: float = 600) -> int:
+        """Start one more instance (beside those running); returns its index."""
+        self._launch()
+        self._wait_healthy(time.time() + timeout, only=len(self.instances) - 1)
+        self.instance_pids.append(self.pids(len(self.instances) - 1))
+        return len(self.instances) - 1
+
+    def alive(self) -> list[int]:
+        return [i for i, (_, proc) in enumerate(self.instances) if proc.poll() is None]
+
     def _launch(self) -> None:
         port = free_port()
         log = open(self.folder / f"aegra-{port}.log", "w")
@@ -128,8 +149,8 @@ class AegraCluster:
         )  # fmt: skip
         self.instances.append((port, proc))
 
-    def _wait_healthy(self, deadline: float) -> None:
-        for port, proc in self.instances:
+    def _wait_healthy(self, deadline: float, only: int | None = None) -> None:
+        for port, proc in self.instances if only is None else [self.instances[only]]:
             while not self._healthy(port):
                 if proc.poll() is not None or time.time() > deadline:
                     raise RuntimeError(f"Aegra on port {port} did not come up:\n{self.log(port)}")

@@ -298,6 +298,115 @@ def test_runs_held_by_a_killed_instance_are_finished_by_the_other(cluster, plan)
         assert len(finals) == 1, (r["run"], len(finals))
 
 
+def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels(cluster, plan):
+    """``speceyes_online`` (the online gate, its observations in Aegra's PostgreSQL store) on
+    two instances, one SIGKILLed while it holds runs. Every run ends ``success``; the store
+    holds one entry per run (a redelivered run replaced its own); every rejected draft has
+    its label; a shadow label is missing only where its run's gate decision was made on the
+    killed instance; and both instances gate at the tau a fresh gate computes from the
+    store's entries: one gate for the cluster."""
+    import psycopg
+    from aegra_cluster import ONLINE_GATE
+    from langgraph_sdk import get_sync_client
+
+    from speceyes_graph.ledger import _observation
+    from speceyes_graph.online_gate import OnlineGate
+
+    while len(cluster.alive()) < 2:  # the test before killed one
+        cluster.add()
+    first, second = cluster.alive()[:2]
+    payloads = [p for thread in plan for g, p, _ in thread if g == "speceyes"][:48]
+    outs, ran_on, lock, killed = {}, {}, threading.Lock(), {}
+
+    def one(i: int) -> None:
+        order = [cluster.url(first), cluster.url(second)]
+        client = Failover(order[i % 2 :] + order[: i % 2])
+        tid = client(lambda c: c.threads.create())["thread_id"]
+        run = client.create_turn(tid, "speceyes_online", payloads[i], sent_before=0)
+        client(lambda c: c.runs.join(tid, run["run_id"]))
+        final = client(lambda c: c.runs.get(tid, run["run_id"]))
+        values = client(lambda c: c.threads.get_state(tid))["values"]
+        with lock:
+            outs[run["run_id"]] = (final["status"], values)
+            if len(outs) >= 16 and not killed:
+                held = cluster.held_runs(second)
+                if held:
+                    killed.update(held=held, done=len(outs))
+                    cluster.kill(second)
+
+    def sample(stop: threading.Event) -> None:
+        while not stop.wait(0.2):
+            try:
+                for run, i in cluster.running().items():
+                    ran_on.setdefault(run, set()).add(i)
+            except Exception:
+                pass
+
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample, args=(stop,), daemon=True)
+    sampler.start()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(len(payloads))))
+    stop.set()
+    sampler.join()
+    assert killed, "the second instance never held an online run when checked"
+    assert len(outs) == len(payloads)
+    assert all(status == "success" for status, _ in outs.values()), outs
+
+    namespace = "speceyes.online_gate.speceyes_online"
+
+    def entries() -> dict[str, dict]:
+        with psycopg.connect(cluster.dsn) as conn:
+            rows = conn.execute("SELECT key, value FROM store WHERE prefix = %s", (namespace,))
+            return {key.split("|")[0]: value for key, value in rows.fetchall()}
+
+    deadline = time.time() + 120  # the survivor's shadow runs finish in the background
+    while time.time() < deadline:
+        found = entries()
+        pending = [r for r, v in found.items() if v["shadowed"] and v["disagrees"] is None]
+        if all(ran_on.get(r, set()) & {second} for r in pending):
+            break
+        time.sleep(2)
+    assert set(found) == set(outs)  # one entry per run, redelivered ones included
+    for run, (_, values) in outs.items():
+        entry, draft = found[run], values.get("draft") or {}
+        if values["route"] == "rejected-agentic":
+            assert entry["disagrees"] is not None and not entry["accepted"], (run, entry)
+        if values["route"] == "speculative":
+            assert entry["accepted"] and entry["shadowed"] == draft["shadowed"], (run, entry)
+    lost = [r for r, v in found.items() if v["shadowed"] and v["disagrees"] is None]
+    assert all(ran_on.get(r, set()) & {second} for r in lost), (lost, ran_on)
+
+    # every live instance gates at the tau a fresh gate certifies from the store's entries
+    # written before its decision (all of them: each probe waits until the last has ended)
+    cluster.add()
+    time.sleep(1.5)  # past each instance's sync interval: its next decision reads the store
+    drafted = next(p for r, p in zip(outs, payloads) if outs[r][1]["draft"])
+    probes = []
+    for i in cluster.alive():
+        client = get_sync_client(url=cluster.url(i))
+        tid = client.threads.create()["thread_id"]
+        probes.append(client.runs.wait(tid, "speceyes_online", input=drafted)["draft"])
+    stored = sorted(entries().values(), key=lambda v: v["at"])
+    expected = []
+    for probe in probes:
+        gate = OnlineGate(
+            0.02, 0.5, window=int(ONLINE_GATE["SPECEYES_GATE_WINDOW"]),
+            warmup=int(ONLINE_GATE["SPECEYES_GATE_WARMUP"]), store=None,
+        )  # fmt: skip
+        for n, value in enumerate(v for v in stored if v["at"] < probe["gated_at"]):
+            gate.ledger.record(str(n), _observation(value))
+        gate._refit()
+        expected.append(gate.tau)
+    taus = [p["tau"] for p in probes]
+    print(
+        f"aegra online gate: {len(outs)} runs, instance {second} killed holding "
+        f"{len(killed['held'])}; {sum(v['shadowed'] for v in found.values())} shadowed, "
+        f"{len(lost)} shadow labels lost with it; the instances' taus now {taus}"
+    )
+    assert taus == expected
+
+
 def test_a_create_call_lost_on_the_connection_is_not_sent_again(cluster, plan):
     """The server took the create call but the reply never came (here: the client stops
     reading at once). The client lists the thread's runs, finds the run, and joins it."""

@@ -210,7 +210,7 @@ def stream_from_records(
     wrong against the reference answer (its ``draft_correct``). Records without a gated
     draft are queries the judge sent to the agent. Imported drafts whose correctness the
     script did not keep count as disagreeing (the cautious reading)."""
-    from ..benchmarks.scoring import is_correct
+    from ..answers import answers_agree
     from ..calibration import draft_scores
 
     stream: list[StreamQuery] = []
@@ -223,7 +223,7 @@ def stream_from_records(
                 stream.append(StreamQuery(None, False, name))
                 continue
             if r.get("route") == "rejected-agentic" and r.get("answer") is not None and draft:
-                disagrees = not is_correct(draft.get("text"), r["answer"], r.get("options"))
+                disagrees = not answers_agree(draft.get("text"), r["answer"], r.get("options"))
                 sources["agent"] += 1
             else:
                 disagrees = r.get("draft_correct") is not True

@@ -144,6 +144,11 @@ def write_plots(report: dict[str, Any], out: Path) -> list[str]:
             fig.savefig(out / "separability_vs_softmax_roc.png", dpi=110)
             plt.close(fig)
             written.append("separability_vs_softmax_roc.png")
+    if report.get("online_gate"):
+        from .online_report import plot_online
+
+        name = plot_online(report["online_gate"], out)
+        written += [name] if name else []
     return written
 
 

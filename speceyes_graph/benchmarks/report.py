@@ -23,6 +23,7 @@ from ..calibration import gate_drift
 from . import plots
 from .draft_scores import auroc, draft_token_scores
 from .official import grade, official_reference, official_rule
+from .online_report import online_lines, online_path
 from .runner import read_records, run_settings
 from .scoring import extract_choice, extract_yes_no, pope_metrics
 from .sweep import TAUS, sweep
@@ -310,6 +311,7 @@ def build_report(
         "summary": summary,
         "definitions": DEFINITIONS,
     }
+    baseline: list[dict] = []
     if baseline_dir is not None:
         baseline_dir = Path(baseline_dir)
         baseline, base_stats = rescore(
@@ -335,6 +337,10 @@ def build_report(
         if curve and s["tau"] is not None:
             at = min(curve, key=lambda c: abs(c["tau"] - s["tau"]))
             s["speedup_modelled"] = at["speedup"]
+    agent_answers = {r["id"]: r.get("answer") for r in baseline if not r.get("error")}
+    online = online_path(records, settings.get("max_risk"), agent_answers)
+    if online is not None:
+        report["online_gate"] = online
     if against is not None:
         report["drift"] = gate_drift(records, against, drift_level)
         report.setdefault("warnings", []).extend(report["drift"]["warnings"])
@@ -482,6 +488,8 @@ def _markdown(report: dict[str, Any]) -> str:
         lines += ["", f"**Warning:** {warning}."]
     if report.get("drift"):
         lines += _drift_lines(report["drift"])
+    if report.get("online_gate"):
+        lines += online_lines(report["online_gate"])
     lines += ["", "## What the numbers mean", ""]
     lines += [f"- **{k}**: {v}." for k, v in report["definitions"].items()]
     lines += [

@@ -17,6 +17,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise SystemExit("speceyes demo: --n must be at least 1")
     if args.depth < 0:
         raise SystemExit("speceyes demo: --depth must be at least 0")
+    if not 0 < args.max_risk < 1 or not 0 < args.shadow_rate <= 1:
+        raise SystemExit("speceyes demo: --max-risk must be in (0, 1), --shadow-rate in (0, 1]")
     if bool(args.small_url) != bool(args.large_url):
         raise SystemExit("speceyes demo: give both --small-url and --large-url, or neither")
     if args.small_url and args.engine != "vllm":
@@ -32,6 +34,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         small_url=args.small_url,
         large_url=args.large_url,
         depth=args.depth,
+        online={"max_risk": args.max_risk, "shadow_rate": args.shadow_rate}
+        if args.online
+        else None,
     )
     return 1 if summary["errors"] else 0
 
@@ -108,6 +113,21 @@ def add_commands(sub: Any) -> None:
         default=0,
         help="also run SpecEyes with depth-D speculation (the small model zooms first on "
         "queries the judge sends to the tools), beside depth 0",
+    )
+    p.add_argument(
+        "--online",
+        action="store_true",
+        help="also run SpecEyes with the online gate (tau follows the labels the run gives; "
+        "a share of accepted drafts shadow-verified by the agent), against agent only's answers",
+    )
+    p.add_argument(
+        "--max-risk", type=float, default=0.02, help="with --online: the target risk (0.02)"
+    )
+    p.add_argument(
+        "--shadow-rate",
+        type=float,
+        default=0.2,
+        help="with --online: the share of accepted drafts shadow-verified (0.2)",
     )
     p.add_argument(
         "--engine",

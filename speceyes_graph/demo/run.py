@@ -26,6 +26,7 @@ from ..benchmarks.report import build_report, write_report
 from ..benchmarks.runner import read_records, run_benchmark
 from ..drawing import draw
 from ..graph import create_speceyes_graph
+from ..online_gate import OnlineGate
 from ..separability import GateConfig
 from ..state import Mode
 from .annotated import write_examples
@@ -37,6 +38,7 @@ from .summary import (
     depth_summary,
     label,
     mode_row,
+    online_summary,
     readme,
     summary_text,
 )
@@ -165,6 +167,20 @@ def demo_graph(
     )
 
 
+def demo_online_gate(n: int, max_risk: float = 0.02, shadow_rate: float = 0.2) -> OnlineGate:
+    """The demo's online gate: it starts at the published tau and, since a demo is short,
+    moves after a sixth of its queries (at least 10) on a window as long as the demo."""
+    return OnlineGate(
+        max_risk,
+        shadow_rate,
+        config=DEMO_GRAPH_SETTINGS["gate"],
+        window=max(n, 2),
+        warmup=min(max(10, n // 6), max(n, 2)),
+        seed=0,
+        store=None,
+    )
+
+
 def fixed_routes(models: dict[str, Any], folder: Path, n: int, seed: int) -> list[dict[str, Any]]:
     """Route and answer of each of ``n`` fixed queries (what the golden test replays)."""
     queries = demo_queries(folder, n, seed=seed)
@@ -192,10 +208,13 @@ def run_demo(
     small_url: str | None = None,
     large_url: str | None = None,
     depth: int = 0,
+    online: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Run the side-by-side comparison and write everything under ``out_dir``;
     ``specreason`` adds the SpecReason baseline (about as long again as the rest); ``depth``
-    D > 0 adds SpecEyes with depth-D speculation (the small model zooms itself first).
+    D > 0 adds SpecEyes with depth-D speculation (the small model zooms itself first);
+    ``online`` (``{"max_risk": .., "shadow_rate": ..}``) adds SpecEyes with the online gate
+    (:func:`demo_online_gate`), its path against agent only's answers in the summary.
 
     ``engine="vllm"`` runs the models behind vLLM servers instead of in this process: two
     started here for the shipped checkpoints (``bash scripts/setup-vllm.sh`` first), or the
@@ -207,8 +226,9 @@ def run_demo(
         print_fn=print_fn,
     ) as running:  # fmt: skip
         summary = _run_modes(
-            Path(out_dir), n, running.models, batch_size, progress, print_fn, specreason, depth
-        )
+            Path(out_dir), n, running.models, batch_size, progress, print_fn, specreason, depth,
+            online,
+        )  # fmt: skip
     summary["engine"] = {"name": running.name, "description": running.description,
                          "setup_s": running.setup_s}  # fmt: skip
     return _write_summary(Path(out_dir), summary, t0, print_fn)
@@ -223,6 +243,7 @@ def _run_modes(
     print_fn,
     specreason: bool,
     depth: int = 0,
+    online: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     print_fn(f"speceyes demo: the embedded checkpoints, {n} held-out scenes")
@@ -239,6 +260,14 @@ def _run_modes(
     if specreason:
         graphs["specreason"] = demo_graph(models["small"], models["large"], mode="specreason")
         modes.append("specreason")
+    online_gate = None
+    if online:
+        online_gate = demo_online_gate(n, **online)
+        settings = {k: v for k, v in DEMO_GRAPH_SETTINGS.items() if k != "gate"}
+        graphs["online"] = create_speceyes_graph(
+            speculator=models["small"], agent=models["large"], gate=online_gate, **settings
+        )
+        modes.insert(modes.index("speceyes") + 1, "online")
     (out / "workflow.png").write_bytes(cast(bytes, draw(graphs["speceyes"], "png")))  # PNG: bytes
     # enough queries in flight that the agent's batches fill while the judge and drafts take
     # their turns (the same for every mode)
@@ -259,13 +288,20 @@ def _run_modes(
             settings={
                 **_recorded_settings(batch_size, concurrency),
                 "speculation_depth": depth if mode == "depth" else 0,
+                **(online if mode == "online" and online else {}),
             },
         )
+        if mode == "online" and online_gate is not None:
+            online_gate.shadows.drain(
+                timeout=600
+            )  # the shadow runs still verifying: their cost too
     report = write_report(
         out / "run-speceyes",
         out / "run-agent",
         title="SpecEyes against the agent-only baseline",
-        compare=[out / f"run-{m}" for m in modes if m not in ("agent", "speceyes", "depth")],
+        compare=[
+            out / f"run-{m}" for m in modes if m not in ("agent", "speceyes", "depth", "online")
+        ],
     )
     gate = write_report(
         out / "run-small",
@@ -286,6 +322,13 @@ def _run_modes(
         }
     if depth:
         summary.update(depth_summary(out, records, depth, summary))
+    if online_gate is not None:
+        online_report = write_report(
+            out / "run-online", out / "run-agent", title="SpecEyes with the online gate"
+        )
+        summary.update(
+            online_summary(online_report, records["online"], online_gate.state(), summary)
+        )
     summary["examples"] = write_examples(out / "examples", queries, records)
     return summary
 

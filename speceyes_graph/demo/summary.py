@@ -23,6 +23,7 @@ __all__ = [
     "depth_summary",
     "label",
     "mode_row",
+    "online_summary",
     "readme",
     "summary_text",
 ]
@@ -31,6 +32,7 @@ SPLITS = {True: "needs-zoom", False: "no-zoom"}
 MICRO_SPLIT = "micro"  # needs zoom, and a detail only the large model is trained to read
 LABELS = {
     "agent": "agent only",
+    "online": "SpecEyes online",
     "speceyes": "SpecEyes",
     "small": "small model only",
     "specreason": "SpecReason",
@@ -207,12 +209,53 @@ def summary_text(summary: dict[str, Any]) -> str:
     )
     if depth:
         lines += _depth_lines(summary["depth"], summary["definitions"])
+    if summary.get("online"):
+        lines += _online_lines(summary["online"])
     for ex in summary.get("examples", []):
         lines.append(
             f"example {ex['route']:<17} {ex['id']}: {ex['question']!r} -> {ex['answer']!r} "
             f"(expected {ex['expected']!r}) {ex['file']}"
         )
     return "\n".join(lines)
+
+
+def online_summary(
+    report: dict, records: list[dict], gate_state: dict[str, Any], summary: dict[str, Any]
+) -> dict[str, Any]:
+    """The online-gate run beside the others: its table row (after SpecEyes), what its gate
+    did against agent only's answers, and what its shadow runs cost."""
+    rows = dict(summary["rows"])
+    order = [*(m for m in rows if m != "small"), "online", "small"]
+    rows["online"] = mode_row(report["summary"], records)
+    path = report.get("online_gate") or {}
+    return {
+        "rows": {m: rows[m] for m in order if m in rows},
+        "online": {
+            **{k: v for k, v in path.items() if k != "path"},
+            "speedup_wall": report["summary"].get("speedup_wall"),
+            "static_acceptance": summary["alpha"] * summary["beta"]
+            if summary.get("alpha") is not None and summary.get("beta") is not None
+            else None,
+            "shadow_runs": gate_state["shadow_runs"],
+        },
+    }
+
+
+def _online_lines(o: dict[str, Any]) -> list[str]:
+    runs = o["shadow_runs"]
+    return [
+        "",
+        f"online gate: target risk {_f(o.get('max_risk'), 'g')}; realised {_f(o['realised_risk'], '.4f')} "
+        "(queries answered by an accepted draft that disagrees with agent only's answer)",
+        f"{'':<17}tau {_f(o['tau_start'], '.4f')} -> {_f(o['tau_end'], '.4f')} (min "
+        f"{_f(o['tau_min'], '.4f')}, max {_f(o['tau_max'], '.4f')}); accepted {o['accepted']} "
+        f"of {o['queries']} ({_f(o['acceptance'])}; the published tau: "
+        f"{_f(o['static_acceptance'])}); {_f(o['speedup_wall'], '.2f')}x agent only's throughput",
+        f"{'':<17}{runs['started']} shadow runs ({runs['labelled']} labelled, {runs['failed']} "
+        f"failed, {runs['dropped']} dropped), {runs['seconds']:.1f} s of agent time off the "
+        f"users' path; the gate's last estimate {_f(o.get('gate_risk_end'), '.4f')} (at most "
+        f"{_f(o.get('gate_risk_bound_end'), '.4f')})",
+    ]
 
 
 def _depth_lines(dd: dict[str, Any], d: dict[str, str]) -> list[str]:
