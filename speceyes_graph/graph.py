@@ -54,6 +54,7 @@ from speceyes_tools.images import ImageStore, ResizeSpec, default_store, store_s
 from .agent import (
     DEFAULT_MAX_STEPS,
     THYME_MAX_STEPS,
+    AgentLoopInput,
     LoopOptions,
     agent_system_prompt,
     create_agent_loop,
@@ -230,12 +231,12 @@ def create_speceyes_graph(
     # cast: the loops (agent, small, SpecReason) are built only with an agent, for which
     # "auto" was resolved above
     loop_protocol = cast(Protocol, chosen)
-    online = gate if isinstance(gate, OnlineGate) else None
+    online: OnlineGate | None = None
     online_steps: OnlineSteps | None = None  # built with the agent loop, which labels drafts
-    if online is not None:
+    if isinstance(gate, OnlineGate):
         if agent is None:
             raise ValueError("an online gate learns from the agent's answers: give agent=...")
-        gate = online.config
+        online, gate = gate, gate.config
     gate = (
         GateConfig.load(gate)
         if isinstance(gate, (str, Path))
@@ -559,8 +560,8 @@ def create_speceyes_graph(
         ).compile(name="agent_loop")
 
         def loop_input(
-            state: Mapping[str, Any], draft: Mapping[str, Any], deadline: float | None
-        ) -> dict[str, Any]:
+            state: Mapping[str, Any], draft: Draft, deadline: float | None
+        ) -> AgentLoopInput:
             query, settings = state["query"], state["settings"]
             return {
                 "question": query["question"],
@@ -604,18 +605,17 @@ def create_speceyes_graph(
             thread of its own, with a deadline of its own, traced as its own run)."""
             settings = state["settings"]
             deadline = time.time() + settings["query_timeout_s"]
-            out = compiled_loop.copy(update={"checkpointer": False}).invoke(
-                loop_input(state, draft, deadline),
-                {
-                    "recursion_limit": recursion_limit(settings["max_agent_steps"]),
-                    "run_name": "shadow_verification",
-                    "tags": ["speceyes:shadow"],
-                    "metadata": {"gate_key": state.get("gate_key")},
-                },
-            )
+            config: RunnableConfig = {
+                "recursion_limit": recursion_limit(settings["max_agent_steps"]),
+                "run_name": "shadow_verification",
+                "tags": ["speceyes:shadow"],
+                "metadata": {"gate_key": state.get("gate_key")},
+            }
+            loop = compiled_loop.copy(update={"checkpointer": False})
+            out = loop.invoke(loop_input(state, draft, deadline), config)
             if out.get("error") or not out.get("answer"):
                 raise RuntimeError(out.get("error") or "the shadow run gave no answer")
-            return out["answer"]
+            return str(out["answer"])
 
         if online is not None:
             online_steps = OnlineSteps(online, shadow_answer)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from helpers import not_our_progress
+from speceyes_graph.benchmarks.runner import read_records
 from speceyes_graph.demo import demo_checkpoints, demo_models, fixed_routes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +51,7 @@ def test_demo_command_end_to_end(tmp_path):
             "-o",
             str(out),
             "--specreason",
+            "--online",
         ],
         capture_output=True,
         text=True,
@@ -70,7 +72,14 @@ def test_demo_command_end_to_end(tmp_path):
     assert "(measured/ideal = " in r.stdout and "= separability 6.49" in r.stdout
     for mode in ("agent only", "SpecEyes", "small model only", "SpecReason"):
         assert mode in r.stdout
-    assert set(summary["rows"]) == {"agent", "speceyes", "small", "specreason"}
+    assert set(summary["rows"]) == {"agent", "speceyes", "online", "small", "specreason"}
+    # the online gate: its row, its line, its path in its report, against agent only
+    online = summary["online"]
+    assert "SpecEyes online" in r.stdout and "online gate: target risk 0.05" in r.stdout
+    drafted = sum(r["route"] != "judged-agentic" for r in read_records(out / "run-online"))
+    assert online["gated"] == drafted and online["against"] == "agent"
+    assert online["shadow_runs"]["started"] == online["shadowed"]
+    assert (out / "run-online" / "online_gate.png").exists()
     assert summary["specreason"]["steps"] >= 12
     methods = (out / "run-speceyes" / "report.md").read_text().split("## Methods compared")[1]
     assert "| SpecReason |" in methods and "| small model only" in methods

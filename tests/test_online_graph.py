@@ -254,3 +254,54 @@ def test_a_store_that_fails_loses_labels_not_answers(scene):
     assert gate.shadows.drain(30)
     assert [o["error"] for o in outs] == [None] * 4
     assert [o["answer"] for o in outs] == ["B", "A", "B", "A"]
+
+
+def test_it_starts_from_a_gate_file(tmp_path):
+    """A gate file (``speceyes calibrate``, labelled or ``--unlabelled``) gives the start tau
+    and the score's settings; an explicit tau wins."""
+    import json
+
+    path = tmp_path / "gate.json"
+    path.write_text(json.dumps({"gate": {"tau": 0.9312, "k": 32, "aggregation": "mean"}}))
+    gate = OnlineGate(0.02, 0.1, config=path)
+    assert gate.tau == gate.start_tau == 0.9312
+    assert (gate.config.k, gate.config.aggregation) == (32, "mean")
+    assert OnlineGate(0.02, 0.1, config=path, tau=0.97).tau == 0.97
+
+
+def test_the_report_shows_the_online_gate_path(scene, tmp_path):
+    """A run gated online, reported against an agent-only run: the section with the path
+    (tau met, the gate's estimate and bound, realised risk against the agent's answers), and
+    its plot. The agent answers B to every question; drafts say A, so every accepted draft is
+    a loss against the agent, though right against the reference."""
+    import json
+
+    from speceyes_graph.benchmarks.datasets import BenchQuery
+    from speceyes_graph.benchmarks.report import write_report
+    from speceyes_graph.benchmarks.runner import run_benchmark
+
+    queries = [
+        BenchQuery(f"q{i}", query(scene, i, 9.0)["question"], "A", "all", OPTIONS, image=scene)
+        for i in range(40)
+    ]
+    gate = OnlineGate(0.05, 0.5, warmup=10, window=100, seed=0)
+    online = build(agent("B"), gate).compile()
+    run_benchmark(online, queries, tmp_path / "online", mode="speceyes", concurrency=1,
+                  progress=False, settings={"max_risk": 0.05})  # fmt: skip
+    assert gate.shadows.drain(30)
+    baseline = build(agent("B"), None, mode="agent").compile()
+    run_benchmark(baseline, queries, tmp_path / "agent", mode="agent", progress=False)
+    report = write_report(tmp_path / "online", tmp_path / "agent")
+    path = report["online_gate"]
+    assert path["queries"] == path["gated"] == 40 and path["against"] == "agent"
+    records = [json.loads(line) for line in (tmp_path / "online" / "records.jsonl").open()]
+    accepted = sum(r["route"] == "speculative" for r in records)
+    assert path["accepted"] == accepted and 0 < accepted < 40
+    assert path["realised_risk"] == accepted / 40  # every accepted draft disagrees
+    assert path["tau_start"] == 0.98 and path["tau_end"] > 0.9955
+    assert [s["tau"] for s in path["path"]] == [
+        r["draft"]["tau"] for r in sorted(records, key=lambda r: r["draft"]["gated_at"])
+    ]
+    md = (tmp_path / "online" / "report.md").read_text()
+    assert "## Online gate" in md and "disagrees with agent only's answer" in md
+    assert (tmp_path / "online" / "online_gate.png").stat().st_size > 10_000

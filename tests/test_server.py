@@ -125,6 +125,7 @@ def test_runs_on_one_thread_through_the_server(server, scenes):
         "speceyes",
         "speceyes_chat",
         "speceyes_example",
+        "speceyes_online",
     }
     thread = client.threads.create()["thread_id"]
     inputs, expected = scenes[0]
@@ -168,6 +169,34 @@ def test_runs_on_one_thread_through_the_server(server, scenes):
     speculative = next(i for i, e in scenes if e["route"] == "speculative")
     strict = client.runs.wait(thread, "speceyes", input=speculative, context={"tau": 1.0})
     assert strict["route"] == "rejected-agentic" and strict["draft"]["accepted"] is False
+
+
+def test_the_online_graph_keeps_its_gate_in_the_servers_store(server, scenes):
+    """``speceyes_online`` under ``langgraph dev``: each run's draft records the tau it met,
+    and the gate's observations are in the server's own store (one per run, read back
+    through the SDK as any worker would), labelled where the agent answered."""
+    from langgraph_sdk import get_sync_client
+
+    client = get_sync_client(url=server)
+    outs = {}
+    for inputs, expected in scenes:
+        thread = client.threads.create()["thread_id"]
+        run = client.runs.create(thread, "speceyes_online", input=inputs)
+        client.runs.join(thread, run["run_id"])
+        out = client.threads.get_state(thread)["values"]
+        assert out["error"] is None and out["route"] == expected["route"]
+        outs[run["run_id"]] = out
+    items = client.store.search_items(["speceyes", "online_gate", "speceyes_online"], limit=100)
+    entries = {i["key"].split("|")[0]: i["value"] for i in items["items"]}
+    assert set(entries) == set(outs)
+    for run, out in outs.items():
+        if out["route"] == "judged-agentic":
+            assert entries[run]["score"] is None
+            continue
+        assert out["draft"]["tau"] == 0.98  # before the gate's warm-up ends: the served tau
+        assert entries[run]["accepted"] == (out["route"] == "speculative")
+        if out["route"] == "rejected-agentic":
+            assert entries[run]["disagrees"] is not None
 
 
 def test_schemas_describe_the_inputs(server):

@@ -121,13 +121,14 @@ def add_commands(sub: Any) -> None:
         "a share of accepted drafts shadow-verified by the agent), against agent only's answers",
     )
     p.add_argument(
-        "--max-risk", type=float, default=0.02, help="with --online: the target risk (0.02)"
+        "--max-risk", type=float, default=0.05, help="with --online: the target risk (0.05)"
     )
     p.add_argument(
         "--shadow-rate",
         type=float,
-        default=0.2,
-        help="with --online: the share of accepted drafts shadow-verified (0.2)",
+        default=0.5,
+        help="with --online: the share of accepted drafts shadow-verified (0.5: a demo is "
+        "short, and a gate certifies only what its labels support)",
     )
     p.add_argument(
         "--engine",

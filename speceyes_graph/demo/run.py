@@ -167,7 +167,7 @@ def demo_graph(
     )
 
 
-def demo_online_gate(n: int, max_risk: float = 0.02, shadow_rate: float = 0.2) -> OnlineGate:
+def demo_online_gate(n: int, max_risk: float = 0.05, shadow_rate: float = 0.5) -> OnlineGate:
     """The demo's online gate: it starts at the published tau and, since a demo is short,
     moves after a sixth of its queries (at least 10) on a window as long as the demo."""
     return OnlineGate(
