@@ -8,6 +8,7 @@ its answer separability clears a threshold; the rest run the large model's tool 
 from .agent import LoopOptions, create_agent_loop
 from .compose import create_speceyes_chat_graph, speceyes_tool
 from .graph import SpecEyesError, create_speceyes_graph, parse_judge
+from .online_gate import OnlineGate
 from .prompts import Prompts
 from .separability import (
     GateConfig,
@@ -39,6 +40,7 @@ __all__ = [
     "Limits",
     "LoopOptions",
     "Mode",
+    "OnlineGate",
     "Prompts",
     "Route",
     "SeparabilityError",

@@ -118,6 +118,17 @@ class GateDecision:
     risk_bound: float | None = None
 
 
+def _settled(queries: list[Observation]) -> list[Observation]:
+    """The window without the drafts whose shadow run is still under way: they join it with
+    their label (a shadow that fails or finds no room joins it as an unshadowed accepted
+    draft). Counting them meanwhile as unlabelled accepted drafts would make the gate pay
+    for the shadows' latency: after a burst of acceptances the bound rises until their
+    labels land, and tau swings. Leaving them out is unbiased while how long a shadow takes
+    is independent of its outcome; a worker killed with shadows in flight leaves theirs out
+    for good."""
+    return [q for q in queries if not (q.shadowed and q.disagrees is None)]
+
+
 class ShadowRuns:
     """Shadow verification off the user's path: at most ``concurrency`` runs at once in
     threads of their own and ``queue`` more waiting; past that a shadow is dropped (its
@@ -131,7 +142,7 @@ class ShadowRuns:
         self._pool: ThreadPoolExecutor | None = None
         self._slots = threading.BoundedSemaphore(concurrency + queue)
         self._lock = threading.Lock()
-        self._running: set[Future] = set()
+        self._running: set[Future[None]] = set()
         self.counts = {"started": 0, "labelled": 0, "failed": 0, "dropped": 0}
         self.seconds = 0.0
 
@@ -167,7 +178,7 @@ class ShadowRuns:
         except Exception:
             log.exception("recording a shadow run's label failed")
 
-    def _finished(self, future: Future) -> None:
+    def _finished(self, future: Future[None]) -> None:
         with self._lock:
             self._running.discard(future)
         self._slots.release()
@@ -206,7 +217,8 @@ class OnlineGate:
             ``compile(store=...)``), so every worker shares one gate; else this process's
             memory. None: always this process's memory. A ``BaseStore``: that store.
         namespace: the gate's name in the store (one per gate of a deployment).
-        shadow_concurrency, shadow_queue: bounds of the shadow runs (:class:`ShadowRuns`).
+        shadow_concurrency: shadow runs at once (:class:`ShadowRuns`).
+        shadow_queue: shadow runs waiting; past that a shadow is dropped (its label lost).
         sync_s: how often a worker reads the other workers' observations.
 
     Thread-safe: one gate serves every query of a process.
@@ -317,7 +329,7 @@ class OnlineGate:
         self._refit()
 
     def _refit(self) -> None:
-        recent = self.ledger.recent()
+        recent = _settled(self.ledger.recent())
         tau = self.start_tau
         estimate = bound = None
         if len(recent) >= self.warmup:
@@ -341,7 +353,7 @@ class OnlineGate:
 
     def risk_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """(estimated risk, its upper bound) of the window at each candidate in ``taus``."""
-        return self._bounds(self.ledger.recent())
+        return self._bounds(_settled(self.ledger.recent()))
 
     def _bounds(self, queries: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
         n = len(queries)
@@ -376,6 +388,7 @@ class OnlineGate:
             "start_tau": self.start_tau,
             "seen": self.seen,
             "window": len(queries),
+            "pending": len(queries) - len(_settled(queries)),
             "labelled": sum(q.disagrees is not None for q in queries if q.score is not None),
             "shadowed": sum(q.accepted and q.disagrees is not None for q in queries),
             "max_risk": self.max_risk,

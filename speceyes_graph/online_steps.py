@@ -15,6 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from langgraph.store.base import BaseStore
@@ -106,7 +107,9 @@ class OnlineSteps:
                 return not answers_agree(gated.get("text"), answer, query.get("options"))
 
             def done(label: bool | None) -> None:
-                if label is not None:
+                if label is None:  # failed or dropped: an accepted draft without a label
+                    self._record(replace(decision, shadowed=False), score, None, key)
+                else:
                     self._record(decision, score, label, key)
 
             gate.shadows.submit(verify, done)

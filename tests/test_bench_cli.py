@@ -54,6 +54,8 @@ def suite(tmp_path_factory):
             ["--small", "demo", "--large", "ChenShawn/DeepEyes-7B"],
             "demo for both models or for neither",
         ),
+        (["--small", "demo", "--large", "demo", "--max-risk", "2"], "--max-risk must be in (0, 1)"),
+        (["--mode", "agent", "--large", "demo", "--max-risk", "0.02"], "needs --mode speceyes"),
     ],
 )
 def test_arguments_are_checked_up_front(suite, tmp_path, args, message, capsys):
@@ -99,6 +101,25 @@ def test_the_demo_spec_runs_with_its_prompts(suite, tmp_path):
     # the demo agent speaks its own short prompt, not the 290-token DeepEyes declaration
     agentic = [r for r in records if r["agent_steps"]]
     assert all(len(r["agent_steps"]) <= 4 for r in agentic)
+
+
+def test_bench_gates_online(suite, tmp_path):
+    """--max-risk: each draft records the tau it met and whether it was shadowed, the command
+    prints what the gate did, and the report draws its path."""
+    out = tmp_path / "online"
+    r = bench(
+        "--benchmark", "synthetic", "--data", str(suite), "--out", str(out), "--small", "demo",
+        "--large", "demo", "--limit", "6", "--max-risk", "0.05", "--shadow-rate", "1",
+        "--gate-warmup", "2",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    drafts = [rec["draft"] for rec in read_records(out) if rec["draft"]]
+    assert drafts and all("tau" in d and "shadowed" in d for d in drafts)
+    assert "online gate: tau 0.98 -> " in r.stdout
+    from speceyes_graph.benchmarks.report import build_report
+
+    path = build_report(out)["online_gate"]
+    assert path["gated"] == len(drafts) and path["max_risk"] == 0.05
 
 
 def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tiny_models, tmp_path):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -121,8 +121,11 @@ def replay(
             log.drafted.append(False)
             continue
         decision = gate.decide(q.score)
-        labelled = not decision.accepted or (decision.shadowed and rng.random() >= lost_shadows)
-        gate.observe(decision, q.score, q.disagrees if labelled else None)
+        lost = decision.shadowed and rng.random() < lost_shadows
+        labelled = not decision.accepted or (decision.shadowed and not lost)
+        # a lost shadow's draft is an accepted draft without a label, as in the graph
+        observed = replace(decision, shadowed=False) if lost else decision
+        gate.observe(observed, q.score, q.disagrees if labelled else None)
         log.segment.append(q.segment)
         log.tau.append(decision.tau)
         log.accepted.append(decision.accepted)

@@ -33,10 +33,9 @@ def online_path(
     gated = [r for r in records if (r.get("draft") or {}).get("gated_at") is not None]
     if not gated:
         return None
-    stream = sorted(
-        (r for r in records if r.get("route") in STREAM_ROUTES),
-        key=lambda r: (r.get("draft") or {}).get("gated_at") or float("inf"),
-    )  # queries without a draft (judged agentic) after: they have no gate time
+    # in the order the queries finished (the records' order): close to the order they met
+    # the gate, and queries without a draft (judged agentic) fall among them
+    stream = [r for r in records if r.get("route") in STREAM_ROUTES]
     agent_answers = agent_answers or {}
     against = "agent" if any(r["id"] in agent_answers for r in gated) else "reference"
     steps, losses, accepted, shadowed = [], 0, 0, 0
@@ -136,7 +135,9 @@ def plot_online(path: dict[str, Any], out: Path) -> str | None:
         return None
     x = [s["query"] for s in steps]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    top.step(x, [s["tau"] for s in steps], where="post", label="tau met")
+    drafted = [s for s in steps if s["tau"] is not None]  # queries judged agentic met no tau
+    top.step([s["query"] for s in drafted], [s["tau"] for s in drafted], where="post",
+             label="tau met")  # fmt: skip
     top.set_ylabel("tau")
     top.legend(loc="lower right")
     est = [s["gate_risk"] for s in steps]

@@ -58,6 +58,13 @@ def check_bench_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error(f"--tau-depth must be in [0, 1], got {args.tau_depth}")
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
+    if args.max_risk is not None:
+        if not 0 < args.max_risk < 1 or not 0 < args.shadow_rate <= 1:
+            parser.error("--max-risk must be in (0, 1) and --shadow-rate in (0, 1]")
+        if args.mode != "speceyes":
+            parser.error("--max-risk gates SpecEyes' drafts: it needs --mode speceyes")
+        if args.gate_warmup < 0:
+            parser.error("--gate-warmup must be at least 0")
     if args.gate:
         try:
             from ..separability import GateConfig
@@ -142,6 +149,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         settings.update(DEMO_GRAPH_SETTINGS)  # the prompts the demo checkpoints learned
     settings["gate"] = gate
+    online = None
+    if args.max_risk is not None:  # the online gate, starting from this gate
+        from ..online_gate import OnlineGate
+
+        online = settings["gate"] = OnlineGate(
+            args.max_risk, args.shadow_rate, config=gate, warmup=args.gate_warmup
+        )
     if args.tools == "thyme" and "prompts" not in settings:
         from ..prompts import Prompts
 
@@ -178,6 +192,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except RunLocked as exc:
         print(f"speceyes bench: {exc}", file=sys.stderr)
         return 2
+    if online is not None and not summary["interrupted"]:
+        online.shadows.drain(timeout=600)  # the last shadow runs' labels, and their cost
+        state = online.state()
+        runs = state["shadow_runs"]
+        print(
+            f"online gate: tau {state['start_tau']} -> {state['tau']}; {runs['started']} shadow "
+            f"runs ({runs['labelled']} labelled, {runs['failed']} failed, {runs['dropped']} "
+            f"dropped, {runs['seconds']:.1f} s); `speceyes report {args.out}` draws its path"
+        )
     if summary["interrupted"]:
         print(
             f"interrupted after {summary['written']} queries ({summary['total']} recorded in "
@@ -247,6 +270,24 @@ def add_commands(sub: Any) -> None:
     )
     p.add_argument("--top-k", type=int, default=64)
     p.add_argument("--aggregation", choices=["min", "mean", "bottom-q"], default="min")
+    p.add_argument(
+        "--max-risk",
+        type=float,
+        help="gate online (docs/calibration.md, an online gate): tau moves from the one above so "
+        "that at most this share of queries is answered by a draft that disagrees with the agent",
+    )
+    p.add_argument(
+        "--shadow-rate",
+        type=float,
+        default=0.1,
+        help="with --max-risk: the share of accepted drafts the agent verifies (0.1)",
+    )
+    p.add_argument(
+        "--gate-warmup",
+        type=int,
+        default=200,
+        help="with --max-risk: queries before tau moves (200; the gate is this run's alone)",
+    )
     p.add_argument(
         "--gate", help="a gate file from `speceyes calibrate` (replaces the three above)"
     )
