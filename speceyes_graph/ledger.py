@@ -118,7 +118,7 @@ def _stamp(at: float) -> str:
     return f"{at:020.6f}"
 
 
-class StoreLedger:
+class StoreLedger(MemoryLedger):
     """Observations in a LangGraph store (``BaseStore``: the deployment's PostgreSQL store
     under Aegra or LangGraph Platform, ``langgraph dev``'s own store), shared by every
     process that names the same ``namespace``.
@@ -143,24 +143,17 @@ class StoreLedger:
         sync_s: float = 1.0,
         margin_s: float = 30.0,
     ) -> None:
+        super().__init__(window)
         self.store, self.namespace = store, tuple(namespace)
         self.sync_s, self.margin_s = sync_s, margin_s
-        self._window = _Window(window)
-        self._lock = threading.Lock()
         self._synced_at = 0.0  # wall time of the last read
         self._seen_until: float | None = None  # latest observation time read so far
         self._sync_lock = threading.Lock()
 
     def record(self, key: str, observation: Observation) -> None:
         value: dict[str, Any] = {**asdict(observation), "t": _stamp(observation.at)}
-        self.store.put(self.namespace, key, value, index=False)
-        with self._lock:
-            if self._window.put(key, observation):
-                self._window.trim()
-
-    def recent(self) -> list[Observation]:
-        with self._lock:
-            return list(self._window.items.values())
+        self.store.put(self.namespace, key, value, index=False)  # first: a failed put raises
+        super().record(key, observation)
 
     def stale(self) -> bool:
         return time.time() - self._synced_at >= self.sync_s
