@@ -112,7 +112,7 @@ class OnlineSteps:
                 else:
                     self._record(decision, score, label, key)
 
-            gate.shadows.submit(verify, done)
+            yield Blocking(gate.shadows.submit, (verify, done))  # a dropped one records at once
         return gated
 
     def rejected(self, state: Mapping[str, Any], answer: str | None, failed: bool) -> Steps:
