@@ -303,3 +303,26 @@ def test_the_report_shows_the_online_gate_path(scene, tmp_path):
     md = (tmp_path / "online" / "report.md").read_text()
     assert "## Online gate" in md and "disagrees with agent only's answer" in md
     assert (tmp_path / "online" / "online_gate.png").stat().st_size > 10_000
+
+
+def test_a_store_ledger_reads_only_whats_new_and_prunes_what_no_window_holds(shared_store):
+    """Two ledgers over one store (two workers): each reads the other's writes at its next
+    sync, keeps the last ``window`` by the observations' own time whatever order the store
+    returns them in (PostgreSQL compares the filter's time as text: fixed-width), and deletes
+    entries that fell out of the window, so the namespace stays about a window long."""
+    from speceyes_graph.ledger import Observation, StoreLedger
+
+    a, b = (StoreLedger(shared_store, ("t", "ledger"), 10, sync_s=0.0) for _ in range(2))
+    t0 = 1_000_000.0
+    for i in range(30):
+        (a if i % 2 else b).record(f"k{i}", Observation(t0 + i, 0.99, True, False, None))
+    assert a.sync() and b.sync()
+    for ledger in (a, b):
+        assert [o.at for o in ledger.recent()] == [t0 + i for i in range(20, 30)]
+    left = shared_store.search(("t", "ledger"), limit=100)
+    assert len(left) == 10  # the first to read pruned what fell out of the window
+    a.record("k30", Observation(t0 + 30, 0.99, True, False, None))
+    a.record("k21", Observation(t0 + 21, 0.99, True, False, False))  # a label arriving late
+    assert b.sync()
+    assert [o.at for o in b.recent()] == [t0 + i for i in range(21, 31)]
+    assert next(o for o in b.recent() if o.at == t0 + 21).disagrees is False
