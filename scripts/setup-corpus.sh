@@ -7,7 +7,8 @@
 #
 #   bash scripts/setup-corpus.sh      then  .venv/bin/python tests/image_corpus.py .corpus/pillow-*
 #
-# Run by scripts/setup.sh; a rerun with the corpus in place does nothing.
+# Part of the test command (README, .ci/run), not of scripts/setup.sh: only the tests read it.
+# A rerun with the corpus in place does nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VPY=${SPECEYES_VENV:-.venv}/bin/python

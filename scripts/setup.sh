@@ -37,7 +37,6 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(fingerprint)" ] \
    && command -v tesseract >/dev/null 2>&1 && command -v bwrap >/dev/null 2>&1 && has_postgres \
    && "$VPY" -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('torch', 'torchvision', 'speceyes_graph')))" >/dev/null 2>&1; then
   say "up to date ($VENV)"
-  bash scripts/setup-corpus.sh || say "the image corpus could not be fetched; tests/test_corpus.py needs it" >&2
   exit 0
 fi
 
@@ -74,5 +73,4 @@ fi
 say "installing speceyes-graph and its dev extras"
 uv_install -e ".[dev,fast-ocr]" 2>/dev/null || uv_install -e ".[dev]"
 fingerprint > "$STAMP"
-bash scripts/setup-corpus.sh || say "the image corpus could not be fetched; tests/test_corpus.py needs it" >&2
 say "done: $("$VPY" -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")') in $VENV"

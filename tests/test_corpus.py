@@ -1,6 +1,6 @@
 """A public corpus of real-world image files through every path that reads images.
 
-``scripts/setup-corpus.sh`` (run by ``scripts/setup.sh``) unpacks Pillow's own test images
+``scripts/setup-corpus.sh`` (part of the README's test command) unpacks Pillow's own test images
 from its source distribution: about a thousand files in every format Pillow reads, truncated,
 malformed and fuzzer-found ones among them, written by nobody here. ``tests/image_corpus.py``
 sends each through the store's decode, a comparison with Pillow, the graph (by path and as a
@@ -24,7 +24,7 @@ REPORT = ROOT / ".corpus" / "last-report.txt"
 @pytest.fixture(scope="module")
 def corpus_results():
     folders = sorted((ROOT / ".corpus").glob("pillow-*/.complete"))
-    assert folders, "no image corpus: run `bash scripts/setup-corpus.sh` (scripts/setup.sh does)"
+    assert folders, "no image corpus: run `bash scripts/setup-corpus.sh` (the README's test command does)"
     files = corpus_files(folders[-1].parent)
     t0 = time.time()
     results = run_corpus(files, workers=1, timeout=60)
