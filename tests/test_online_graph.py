@@ -132,24 +132,31 @@ def test_a_failed_or_dropped_shadow_loses_only_its_label(scene):
     assert gate.shadows.stats()["failed"] == 1 and entries(gate)[0].disagrees is None
 
 
+def in_order(graph, gate: OnlineGate, queries: list[dict]) -> list[dict]:
+    """One query at a time, each after the last one's shadow run has ended: every decision
+    sees every label before it, however loaded the machine."""
+    outs = []
+    for q in queries:
+        outs.append(graph.invoke(q))
+        assert gate.shadows.drain(30)
+    return outs
+
+
 def test_tau_moves_up_when_drafts_disagree_and_down_when_they_agree(scene):
     """Confident drafts (0.9955) the agent contradicts: the gate stops accepting them.
-    Drafts at 0.95 (below the published 0.98) the agent confirms: it starts accepting them.
-    In order (one query at a time), so each decision saw every label before it."""
+    Drafts at 0.95 (below the published 0.98) the agent confirms: it starts accepting them."""
     gate = OnlineGate(0.05, 0.5, warmup=20, window=200, seed=0)
     graph = build(agent("B"), gate).compile()
-    outs = graph.batch([query(scene, i, 9.0) for i in range(60)], {"max_concurrency": 1})
-    assert gate.shadows.drain(30)
+    outs = in_order(graph, gate, [query(scene, i, 9.0) for i in range(60)])
     assert gate.tau > 0.9955
     assert [o["route"] for o in outs[30:]] == ["rejected-agentic"] * 30
 
     gate = OnlineGate(0.05, 0.5, warmup=20, window=200, seed=0)
     graph = build(agent("A"), gate).compile()
-    outs = graph.batch([query(scene, i, 5.0) for i in range(80)], {"max_concurrency": 1})
-    assert gate.shadows.drain(30)
+    outs = in_order(graph, gate, [query(scene, i, 5.0) for i in range(80)])
     routes = [o["route"] for o in outs]
     assert routes[:20] == ["rejected-agentic"] * 20  # it started at the published 0.98
-    assert routes[40:].count("speculative") >= 10  # then accepted many (16 when measured)
+    assert routes[40:].count("speculative") >= 10  # then accepted many
     assert min(o["draft"]["tau"] for o in outs) < 0.95
 
 
