@@ -58,7 +58,6 @@ import random
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
@@ -268,7 +267,6 @@ class OnlineGate:
             else MemoryLedger(window)
         )
         self.shadows = ShadowRuns(shadow_concurrency, shadow_queue)
-        self.history: deque[dict[str, Any]] = deque(maxlen=100_000)
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
 
@@ -339,17 +337,6 @@ class OnlineGate:
             estimate, bound = float(estimates[at]), float(bounds[at])
         with self._lock:
             self.tau, self.risk, self.risk_bound = tau, estimate, bound
-            self.history.append(
-                {
-                    "seen": self.seen,
-                    "window": len(recent),
-                    "tau": tau,
-                    "risk": estimate,
-                    "risk_bound": bound,
-                    "shadowed": sum(q.accepted and q.disagrees is not None for q in recent),
-                    "accepted": sum(q.accepted for q in recent),
-                }
-            )
 
     def risk_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """(estimated risk, its upper bound) of the window at each candidate in ``taus``."""

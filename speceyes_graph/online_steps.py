@@ -85,8 +85,7 @@ class OnlineSteps:
                 yield Blocking(gate.refresh)
             except Exception as exc:  # decide on what this worker last read
                 log.warning("the online gate could not read the store: %s", exc)
-        usable = bool(draft.get("text")) and not draft.get("error")
-        score = draft.get("score") if usable else None
+        score = _gated_score(draft)
         decision = gate.decide(score)
         gated: Draft = {
             **draft,
@@ -123,7 +122,13 @@ class OnlineSteps:
         if key is None or "tau" not in draft:
             return
         decision = GateDecision(False, False, draft["tau"], draft.get("gated_at") or time.time())
-        score = draft.get("score") if draft.get("text") and not draft.get("error") else None
+        score = _gated_score(draft)
         options = (state.get("query") or {}).get("options")
         label = False if failed else not answers_agree(draft.get("text"), answer, options)
         yield Blocking(self._record, (decision, score, label, key))
+
+
+def _gated_score(draft: Mapping[str, Any]) -> float | None:
+    """The score a draft meets the gate with: none for an empty or failed draft, which the
+    gate rejects at any tau (and the estimate counts as a query without a draft)."""
+    return draft.get("score") if draft.get("text") and not draft.get("error") else None

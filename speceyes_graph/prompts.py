@@ -123,6 +123,7 @@ def thyme_user_prompt(question_text: str, image_path: str, image_size: tuple[int
         "<answer>Your final answer to the user's question goes here.</answer>\n"
     )
 
+
 NATIVE_AGENT_SYSTEM_PROMPT = (
     "You are a helpful assistant that answers questions about images. If details are too "
     "small to see, call a tool to look closer. When you are sure, reply with the final "
@@ -165,9 +166,12 @@ def format_question(
         )
     if style == "thyme":
         listed = "\n".join(
-            f"{letter}. {opt}" for letter, opt in zip(option_letters(len(options or [])), options or [])
+            f"{letter}. {opt}"
+            for letter, opt in zip(option_letters(len(options or [])), options or [])
         )
-        return f"Question: {question}\nOptions:\n{listed}\n" if options else f"Question: {question}\n"
+        return (
+            f"Question: {question}\nOptions:\n{listed}\n" if options else f"Question: {question}\n"
+        )
     if style != "published":
         raise ValueError(f"unknown question style {style!r}; use 'published', 'compact' or 'thyme'")
     if not options:
@@ -227,6 +231,4 @@ class Prompts:
     @classmethod
     def thyme(cls, **overrides: Any) -> Prompts:
         """The prompts of the published Thyme runs."""
-        return cls(
-            **{"question_style": "thyme", "agent_system": THYME_SYSTEM_PROMPT, **overrides}
-        )
+        return cls(**{"question_style": "thyme", "agent_system": THYME_SYSTEM_PROMPT, **overrides})
