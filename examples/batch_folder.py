@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from speceyes_graph import GateConfig, create_speceyes_graph
+from speceyes_graph import GateConfig, LoopOptions, create_speceyes_graph
 from speceyes_graph.benchmarks import generate_suite
 from speceyes_graph.demo.tiny import cached_tiny_models
 from speceyes_graph.models import ChatTransformersVLM
@@ -43,7 +43,7 @@ large = ChatTransformersVLM(
     model=args.large or str(tiny["large"]), max_new_tokens=16, max_batch_size=16
 )
 graph = create_speceyes_graph(
-    speculator=small, agent=large, gate=GateConfig(k=16), max_agent_steps=2
+    speculator=small, agent=large, gate=GateConfig(k=16), loop=LoopOptions(max_steps=2)
 ).compile()
 
 inputs = [

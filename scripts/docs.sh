@@ -10,4 +10,11 @@ PY=${PYTHON:-$ROOT/.venv/bin/python}
 mkdir -p build/typecheck
 ln -sfn "$ROOT/speceyes_graph" build/typecheck/speceyes_graph
 ln -sfn "$ROOT/tools" build/typecheck/speceyes_tools
-NO_MKDOCS_2_WARNING=1 exec "$PY" -m mkdocs build --strict "$@"
+NO_MKDOCS_2_WARNING=1 "$PY" -m mkdocs build --strict "$@"
+# the API reference links the names docstrings cross-reference (docs/griffe_roles.py); a
+# Sphinx role printed raw means a docstring the extension did not reach
+SITE=build/site
+if [ -d "$SITE/api" ] && grep -rlE ':(class|func|meth|mod|attr|data|exc|obj):' "$SITE/api"; then
+  echo "docs: raw Sphinx roles in the API reference (the pages above)" >&2
+  exit 1
+fi

@@ -2,13 +2,19 @@
 
 ``judge -> speculate -> gate -> (END | agent_loop)``: a large model judges whether a query
 needs visual tools; tool-free queries get a batched draft from a small model, kept only if
-its answer separability clears a threshold; the rest run the large model's tool loop.
+its answer separability clears a threshold; the rest run the agent. The graph
+(:func:`create_speceyes_graph`), a middleware in front of a LangChain agent
+(:class:`SpecEyesMiddleware`) and the phases themselves (:mod:`speceyes_graph.phases`) are
+three ways to use the same method.
 """
 
+from . import phases
 from .agent import LoopOptions, create_agent_loop
 from .compose import create_speceyes_chat_graph, speceyes_tool
 from .graph import SpecEyesError, create_speceyes_graph, parse_judge
+from .middleware import ImageStoreMiddleware, SpecEyesMiddleware
 from .online_gate import OnlineGate
+from .options import SpeculationOptions
 from .prompts import Prompts
 from .separability import (
     GateConfig,
@@ -37,6 +43,7 @@ __all__ = [
     "AgentStep",
     "Draft",
     "GateConfig",
+    "ImageStoreMiddleware",
     "Limits",
     "LoopOptions",
     "Mode",
@@ -46,9 +53,11 @@ __all__ = [
     "SeparabilityError",
     "SpecEyesContext",
     "SpecEyesError",
+    "SpecEyesMiddleware",
     "SpecEyesInput",
     "SpecEyesOutput",
     "SpecEyesState",
+    "SpeculationOptions",
     "Toolset",
     "ToolsetError",
     "acceptance_score",
@@ -59,6 +68,7 @@ __all__ = [
     "create_speceyes_graph",
     "load_toolset",
     "parse_judge",
+    "phases",
     "register_tool",
     "speceyes_tool",
     "token_separability",

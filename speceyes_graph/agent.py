@@ -73,6 +73,9 @@ if TYPE_CHECKING:
 __all__ = [
     "AgentLoopState",
     "agent_system_prompt",
+    "attach_tool_results",
+    "default_max_steps",
+    "resolve_protocol",
     "first_user_message",
     "tool_trace",
     "DEFAULT_MAX_STEPS",
@@ -87,14 +90,51 @@ THYME_MAX_STEPS = 5  # the published harness's MAX_ITERATIONS
 
 @dataclass(frozen=True)
 class LoopOptions:
-    """How the loop speaks the DeepEyes text protocol. The defaults are the published format
-    (the SpecEyes evaluation, as DeepEyes was trained); each option is an improvement that
-    changes what the model sees, so it is off unless asked for."""
+    """How the agent loop (phase IV) runs: its protocol, its step bound, and how it speaks the
+    DeepEyes text protocol.
 
+    ``protocol``: ``deepeyes`` (tool calls as text), ``thyme`` (the model writes Python that
+    runs in the OS sandbox), ``native`` (structured tool calls), or ``auto``
+    (:func:`resolve_protocol`: ``deepeyes`` when the tools are exactly
+    ``image_zoom_in_tool``, ``thyme`` when exactly ``python_sandbox``, else ``native``).
+    ``max_steps``: model turns (tool rounds included); None: 6, or Thyme's published 5.
+
+    The text options' defaults are the published format (the SpecEyes evaluation, as
+    DeepEyes was trained); each is an improvement that changes what the model sees, so it
+    is off unless asked for."""
+
+    protocol: Protocol | Literal["auto"] = "auto"
+    max_steps: int | None = None
     stop: tuple[str, ...] = ("</tool_call>", "</answer>")  # stop strings of an agent step
     tool_response_text: bool = False  # also send the tool's text (box, size) in <tool_response>
     explain_problems: bool = False  # say what was wrong with a turn (published: repeat the nudge)
     on_step_limit: Literal["answer", "error"] = "answer"  # error: the published behaviour
+
+
+_AUTO_PROTOCOL: dict[tuple[str, ...], Protocol] = {
+    ("image_zoom_in_tool",): "deepeyes",
+    ("python_sandbox",): "thyme",
+}
+
+
+def resolve_protocol(
+    protocol: Protocol | Literal["auto"], tools: Sequence[BaseTool]
+) -> Protocol:
+    """The protocol ``auto`` stands for with these tools: the text protocol their one tool
+    was trained with (DeepEyes' ``image_zoom_in_tool``, Thyme's ``python_sandbox``), else
+    native tool calls."""
+    if protocol == "auto":
+        return _AUTO_PROTOCOL.get(tuple(t.name for t in tools), "native")
+    if protocol not in ("deepeyes", "thyme", "native"):
+        raise ValueError(
+            f"unknown protocol {protocol!r}; use 'deepeyes', 'thyme', 'native' or 'auto'"
+        )
+    return protocol
+
+
+def default_max_steps(protocol: Protocol) -> int:
+    """Model turns of the loop when none are given: Thyme's published 5, else 6."""
+    return THYME_MAX_STEPS if protocol == "thyme" else DEFAULT_MAX_STEPS
 
 
 def recursion_limit(max_steps: int) -> int:
@@ -143,8 +183,8 @@ def create_agent_loop(
     model: BaseChatModel,
     tools: Sequence[BaseTool],
     *,
-    protocol: Protocol = "deepeyes",
-    max_steps: int = DEFAULT_MAX_STEPS,
+    protocol: Protocol | Literal["auto"] | None = None,
+    max_steps: int | None = None,
     prompts: Prompts | None = None,
     resize: ResizeSpec | None = None,
     store: ImageStore | None = None,
@@ -155,7 +195,8 @@ def create_agent_loop(
 ) -> StateGraph[AgentLoopState, None, AgentLoopInput, AgentLoopOutput]:
     """The uncompiled ``agent_loop`` subgraph.
 
-    ``max_steps`` bounds model turns (tool rounds included); an input ``max_steps`` overrides
+    ``protocol`` and ``max_steps`` default to ``options``' (:class:`LoopOptions`: ``auto``,
+    and 6 or Thyme's 5). ``max_steps`` bounds model turns (tool rounds included); an input ``max_steps`` overrides
     it per run. When it is reached the query ends with the best answer available: the loop's
     last ``<answer>``, else the rejected draft if there was one; ``stop_reason`` says which
     (``options.on_step_limit="error"``: the query fails, as in the published evaluation).
@@ -167,6 +208,9 @@ def create_agent_loop(
     turn's generation length (default: the model's own setting).
     """
     options = options or LoopOptions()
+    protocol = resolve_protocol(protocol or options.protocol, tools)
+    if max_steps is None:
+        max_steps = options.max_steps or default_max_steps(protocol)
     if max_steps < 1:
         raise ValueError(f"max_steps must be at least 1, got {max_steps}")
     prompts = prompts or Prompts()
@@ -357,7 +401,7 @@ def create_agent_loop(
 
     def finish(state: AgentLoopState) -> dict[str, Any]:
         steps = [dict(s) for s in state.get("steps") or []]
-        _attach_tool_results(steps, state.get("messages") or [])
+        attach_tool_results(steps, state.get("messages") or [])
         answer = state.get("answer")
         error = None
         if state.get("error"):
@@ -489,7 +533,7 @@ def tool_trace(artifact: dict[str, Any]) -> dict[str, Any]:
     return {k: artifact[k] for k in TRACE_KEYS + CODE_TRACE_KEYS if k in artifact}
 
 
-def _attach_tool_results(steps: list[dict[str, Any]], messages: Sequence[AnyMessage]) -> None:
+def attach_tool_results(steps: list[dict[str, Any]], messages: Sequence[BaseMessage]) -> None:
     """Copy each tool result's trace (box after clamping, latency, error) into its step."""
     results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
     for step in steps:  # new dicts: the state's steps and the streamed events stay as they were

@@ -1,10 +1,10 @@
 """Putting SpecEyes inside other things: a chat graph and a tool for other agents.
 
 - :func:`create_speceyes_chat_graph`: messages in, the answer appended as an ``AIMessage``
-  out. The last human message is the query: its text is the question, an ``Options:`` line
-  in it starts the multiple-choice options (:func:`split_options`), and its image blocks
-  (pasted images, URLs) are the images; a follow-up without an image asks about the latest
-  image of the conversation. Works in LangGraph Studio's chat view and with any chat UI
+  out. The last human message is the query (:func:`~speceyes_graph.turns.chat_query`): its
+  text is the question, an ``Options:`` line in it starts the multiple-choice options, and
+  its image blocks (pasted images, URLs) are the images; a follow-up without an image asks
+  about the latest image of the conversation. Works in LangGraph Studio's chat view and with any chat UI
   that speaks ``messages``. Images pasted into the chat are moved into the image store, so
   the thread's state holds references, not pixels. With ``stream_mode="messages"`` only the
   answer is streamed, with ``subgraphs=True`` too: the judge, the draft and the agent's
@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import functools
 import json
-import re
-from collections.abc import Sequence
 from typing import Annotated, Any
 
 from langchain_core.callbacks import BaseCallbackManager
 from langchain_core.messages import (
     AIMessage,
     AnyMessage,
-    BaseMessage,
     HumanMessage,
-    convert_to_messages,
 )
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config, set_config_context
@@ -41,9 +37,9 @@ from speceyes_tools.images import ImageStore, default_store
 
 from .effects import Blocking, Steps, Subgraph, arun_steps, node, run_steps
 from .graph import create_speceyes_graph
-from .messages import dehydrate, image_ref
-from .protocol import message_text
-from .state import AgentStep, Draft, PixelFreeGraph, Route, SpecEyesContext, on_event_loop
+from .messages import dehydrate
+from .state import AgentStep, Draft, PixelFreeGraph, Route, SpecEyesContext
+from .turns import chat_query, pasted_images_kept, split_options
 
 __all__ = [
     "SpecEyesChatState",
@@ -71,49 +67,6 @@ class _ChatOutput(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
     route: Route | None
     error: str | None
-
-
-_OPTIONS_LINE = re.compile(r"^[ \t]*options[ \t]*:[ \t]*", re.IGNORECASE | re.MULTILINE)
-_LABEL = re.compile(r"^(?:\(([A-Z])\)|([A-Z])[.):])\s+")  # "(A) ", "A. ", "A) ", "A: "
-_INLINE_LABEL = re.compile(r"(?:^|\s)(?:\(([A-Z])\)|([A-Z])[.)])\s+")
-
-
-def _inline_options(text: str) -> list[str]:
-    """Options written on the ``Options:`` line: labelled ``A. red B. green`` / ``(A) red
-    (B) green`` when the labels run A, B, C..., else separated by ``;`` or ``|``, else ``,``."""
-    labels = list(_INLINE_LABEL.finditer(text))
-    letters = [m.group(1) or m.group(2) for m in labels]
-    if len(labels) >= 2 and letters == [chr(65 + i) for i in range(len(labels))]:
-        if not text[: labels[0].start()].strip():
-            ends = [m.start() for m in labels[1:]] + [len(text)]
-            return [text[m.end() : end].strip() for m, end in zip(labels, ends)]
-    for separator in (";", "|", ","):
-        if separator in text:
-            return [part.strip() for part in text.split(separator)]
-    return [text.strip()]
-
-
-def split_options(text: str) -> tuple[str, list[str] | None]:
-    """(question, options) of a chat message: an ``Options:`` line ends the question.
-
-    The options follow it one per line (a label ``A.``, ``A)``, ``(A)`` or ``A:`` is dropped,
-    so the models' own prompt format reads back), or on the ``Options:`` line itself:
-    ``Options: red; green; blue`` (``|`` or ``,`` work too) or ``Options: (A) red (B) green``.
-    Without such a line the whole text is the question and there are no options.
-    """
-    found = _OPTIONS_LINE.search(text)
-    if found is None:
-        return text.strip(), None
-    question, rest = text[: found.start()].strip(), text[found.end() :]
-    first, _, following = rest.partition("\n")
-    options = _inline_options(first) if first.strip() else []
-    for line in following.splitlines():
-        line = line.strip()
-        if line:
-            label = _LABEL.match(line)
-            options.append(line[label.end() :].strip() if label else line)
-    options = [o for o in options if o]
-    return question, options or None
 
 
 def _spelled_out(answer: str | None, options: list[str] | None) -> str | None:
@@ -153,70 +106,6 @@ def _run_unstreamed(graph: Any, query: dict[str, Any], config: RunnableConfig) -
     inner = _without_message_stream(config)
     with set_config_context(inner) as context:
         return (yield Subgraph(graph, query, inner, context=context))
-
-
-def chat_query(messages: Sequence[BaseMessage]) -> dict[str, Any] | None:
-    """The SpecEyes query of a chat turn, or None when there is no question: the last human
-    message's text (:func:`split_options`) and its images, else the latest images of the
-    conversation (a follow-up question)."""
-    humans = [m for m in messages if isinstance(m, HumanMessage)]
-    if not humans:
-        return None
-    question, options = split_options(message_text(humans[-1]))
-    if not question:
-        return None
-    images: list[str] = []
-    for message in reversed(humans):
-        images = [r for r in map(_block_reference, _image_blocks(message)) if r]
-        if images:
-            break
-    return {"question": question, "images": images, "options": options}
-
-
-def _image_blocks(message: BaseMessage) -> list[dict[str, Any]]:
-    content = message.content if isinstance(message.content, list) else []
-    return [b for b in content if isinstance(b, dict) and b.get("type") in ("image", "image_url")]
-
-
-def _block_reference(block: dict[str, Any]) -> str | None:
-    """The reference an (already dehydrated) image block points at."""
-    ref = image_ref(block)
-    if ref:
-        return ref
-    if block.get("type") == "image_url":
-        url = block.get("image_url")
-        return url.get("url") if isinstance(url, dict) else url
-    return block.get("url")
-
-
-def pasted_images_kept(value: Any, store: ImageStore) -> Any:
-    """A chat run's input with every pasted image moved into ``store``: each message that
-    carries one becomes the same message with ``blob://`` image blocks (a message dict
-    becomes a message), written in the background on an event loop (as
-    :func:`~speceyes_graph.state.pixel_free`)."""
-    if not isinstance(value, dict) or "messages" not in value:
-        return value
-    sent = value["messages"]
-    items = sent if isinstance(sent, list) else [sent]
-    background = on_event_loop()
-    kept = [_kept_message(item, store, background) for item in items]
-    if all(new is old for new, old in zip(kept, items, strict=True)):
-        return value
-    return {**value, "messages": kept if isinstance(sent, list) else kept[0]}
-
-
-def _kept_message(item: Any, store: ImageStore, background: bool) -> Any:
-    """One message as sent, its pasted images in the store; the item itself when it has
-    none, or is not one the store can take (``ask`` and the query then fail on it, with
-    their clear errors)."""
-    try:
-        message = convert_to_messages([item])[0] if isinstance(item, dict) else item
-        if not isinstance(message, BaseMessage):
-            return item
-        kept = dehydrate(message, store, background=background)
-    except Exception:
-        return item
-    return item if kept is message else kept
 
 
 def create_speceyes_chat_graph(

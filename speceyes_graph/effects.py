@@ -117,19 +117,31 @@ class Blocking(Request):
 @dataclass
 class Subgraph(Request):
     """A compiled graph run as part of a node (the agent loop, the chat front's query),
-    in ``context`` if given (a copy of the caller's with other ambient config)."""
+    in ``context`` if given (a copy of the caller's with other ambient config).
+
+    ``what``: the run is bounded by the query's deadline, as a model call is, and named so
+    in the error (for graphs that do not bound themselves: a user's agent)."""
 
     graph: Runnable
     input: Any
     config: Any = None
     context: contextvars.Context | None = None
+    what: str | None = None
 
     def run(self) -> Any:
+        if self.what is not None:
+            return call_with_deadline(
+                self.graph.invoke, self.input, self.config, timeout=None, what=self.what
+            )
         if self.context is None:
             return self.graph.invoke(self.input, self.config)
         return self.context.run(self.graph.invoke, self.input, self.config)
 
     async def arun(self) -> Any:
+        if self.what is not None:
+            return await acall_with_deadline(
+                self.graph.ainvoke, self.input, self.config, timeout=None, what=self.what
+            )
         run = self.graph.ainvoke(self.input, self.config)
         if self.context is None:
             return await run

@@ -46,6 +46,7 @@ __all__ = [
     "for_model",
     "hydrate",
     "image_blocks",
+    "in_frame",
     "image_ref",
     "to_wire",
     "user_message",
@@ -162,6 +163,24 @@ def for_model(
     """Messages as ``model`` takes them: references kept for a model that reads the store
     (call it within ``store_scope(store)``), base64 for any other."""
     return list(messages) if accepts_image_refs(model) else hydrate(messages, store)
+
+
+def in_frame(
+    messages: Sequence[BaseMessage], resize: ResizeSpec | None, store: ImageStore
+) -> list[BaseMessage]:
+    """The human messages' stored images as the model sees them (:meth:`ImageStore.model_view
+    <speceyes_tools.images.ImageStore.model_view>`: resized to its frame), as
+    :func:`user_message` sends a query's images; tool results and URLs are left as they are."""
+    if resize is None:
+        return list(messages)
+
+    def view(block: Any) -> Any:
+        key = image_ref(block)
+        if key is None:
+            return block
+        return {"type": "image", "url": store.model_view(key, resize), "mime_type": "image/png"}
+
+    return [_map_images(m, view) if isinstance(m, HumanMessage) else m for m in messages]
 
 
 def dehydrate(

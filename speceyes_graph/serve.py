@@ -6,6 +6,6 @@ imported once per process), so the models behind them are built once however man
 ids name it; naming ``studio.py`` itself would build them once per graph id.
 """
 
-from speceyes_graph.studio import chat_graph, example_graph, graph, online_graph
+from speceyes_graph.studio import agent_graph, chat_graph, example_graph, graph, online_graph
 
-__all__ = ["chat_graph", "example_graph", "graph", "online_graph"]
+__all__ = ["agent_graph", "chat_graph", "example_graph", "graph", "online_graph"]

@@ -24,20 +24,32 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.tools import BaseTool
 
-from speceyes_tools.images import ImageStore
+from speceyes_tools.deadlines import DeadlineExceeded, deadline_scope
+from speceyes_tools.images import ImageStore, store_scope
 
-from .agent import tool_trace
+from . import phases
+from .agent import agent_system_prompt, emit_event, first_user_message, tool_trace
 from .effects import Blocking, Steps
 from .messages import Protocol, bare_model, dehydrate
 from .prompts import THYME_STOP, Prompts
 from .protocol import extract_answer, message_text, parse_deepeyes, parse_thyme
+from .state import SpecEyesState
 
-__all__ = ["ACCEPT_SCORE", "SPECREASON_MAX_STEPS", "parse_score", "run_specreason"]
+if TYPE_CHECKING:
+    from .nodes import NodeKit
+
+__all__ = [
+    "ACCEPT_SCORE",
+    "SPECREASON_MAX_STEPS",
+    "parse_score",
+    "run_specreason",
+    "specreason_node",
+]
 
 ACCEPT_SCORE = 7
 SPECREASON_MAX_STEPS = 6  # the published loop stops after step 5, counting from 0
@@ -180,3 +192,40 @@ def _run_tools(
         trace["latency_s"] = time.perf_counter() - t0
         step["tool_calls"].append({**trace, **tool_trace(artifact)})
     return blocks
+
+
+def specreason_node(kit: NodeKit) -> Callable[[SpecEyesState], Steps]:
+    """The ``specreason`` node (``mode="specreason"``): one query's SpecReason loop with the
+    graph's models, tools and protocol, within the query's deadline."""
+    setup = kit.setup
+    protocol = setup.protocol
+    reason_system = agent_system_prompt(protocol, setup.prompts, setup.tools)
+    small = phases.internal(setup.speculator, "specreason_small")
+    large = phases.internal(setup.agent, "specreason_large")
+    store = setup.store
+
+    def specreason(state: SpecEyesState) -> Steps:
+        t0 = time.perf_counter()
+        query = state["query"]
+
+        def call(model: Any, messages: list[BaseMessage], what: str, **kwargs: Any) -> Steps:
+            return kit.ask(state, model, lambda: messages, what, announced=False, **kwargs)
+
+        try:
+            with deadline_scope(state.get("deadline")), store_scope(store):
+                first = yield Blocking(first_user_message, (
+                    protocol, setup.prompts, query["question"], query["images"], query["options"],
+                    setup.resize, store,
+                ))  # fmt: skip
+                out = yield from run_specreason(
+                    call=call, small=small, large=large, system=reason_system, first=first,
+                    protocol=protocol, tools=setup.tools, images=query["images"],
+                    prompts=setup.prompts, store=store, emit=emit_event,
+                )  # fmt: skip
+        except DeadlineExceeded as exc:
+            return {**kit.failed(state, "specreason", exc, t0), "stop_reason": "deadline"}
+        except Exception as exc:
+            return kit.failed(state, "specreason", exc, t0)
+        return {**out, "route": "specreason", "timings": {"specreason": time.perf_counter() - t0}}
+
+    return specreason

@@ -3,6 +3,10 @@
 - ``speceyes``: the SpecEyes graph (question, images, options in; answer, route, evidence out);
 - ``speceyes_chat``: the same models behind a chat front (Studio's chat view, chat UIs);
 - ``speceyes_example``: the offline example's scripted models, for a look at the workflow;
+- ``speceyes_agent``: LangChain's ``create_agent`` over the large model and the tools, with
+  :class:`~speceyes_graph.middleware.SpecEyesMiddleware` in front (what SpecEyes looks like
+  in front of an agent you already have): a chat whose turns are judged, drafted and gated,
+  the rest answered by the agent with native tool calls;
 - ``speceyes_online``: ``speceyes`` with the online gate
   (:class:`~speceyes_graph.online_gate.OnlineGate`): tau follows the labels production gives
   so the risk stays at ``SPECEYES_MAX_RISK`` (0.02), shadow-verifying ``SPECEYES_SHADOW_RATE``
@@ -188,6 +192,40 @@ def make_online_graph():
     )
 
 
+def make_agent_graph(models: dict[str, Any] | None = None, store: ImageStore | None = None):
+    """LangChain's ``create_agent`` over the served large model and tools (native tool
+    calls), with :class:`~speceyes_graph.middleware.SpecEyesMiddleware` in front: the
+    judge, the draft and the gate as the plain graph has them."""
+    from langchain.agents import create_agent
+
+    from speceyes_graph.agent import agent_system_prompt
+    from speceyes_graph.middleware import SpecEyesMiddleware, pixel_free_agent
+    from speceyes_graph.prompts import Prompts
+    from speceyes_graph.toolsets import build_tools, load_toolset
+    from speceyes_tools.images import ResizeSpec
+
+    models = served_models() if models is None else models
+    store = served_store() if store is None else store
+    large, prompts = models["agent"], models.get("prompts") or Prompts()
+    resize = getattr(large, "resize_spec", None) or ResizeSpec()
+    tools = build_tools(load_toolset(models.get("tools", "deepeyes")), resize=resize, store=store)
+    speceyes = SpecEyesMiddleware(
+        models["speculator"],
+        judge=models.get("judge"),
+        gate=models.get("gate"),
+        prompts=prompts,
+        store=store,
+    )
+    agent = create_agent(
+        large,
+        tools,
+        system_prompt=agent_system_prompt("native", prompts, tools),
+        middleware=[speceyes],
+        name="speceyes_agent",
+    )
+    return pixel_free_agent(agent, store)
+
+
 def make_example_graph():
     return _served(create_speceyes_graph, example_models(), "speceyes_example")
 
@@ -196,3 +234,4 @@ graph = make_graph()
 chat_graph = make_chat_graph()
 example_graph = make_example_graph()
 online_graph = make_online_graph()
+agent_graph = make_agent_graph()

@@ -24,6 +24,7 @@ loop costs on every tool-needing query, (1 - beta) c_S^D: when alpha_D > c_S^D /
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, cast
@@ -32,13 +33,41 @@ from langgraph.graph.state import CompiledStateGraph
 
 from speceyes_tools.deadlines import check_deadline, deadline_scope
 
-from .agent import recursion_limit
+from .agent import create_agent_loop, recursion_limit
 from .effects import Steps, Subgraph
+from .options import GraphSetup
 from .separability import GateConfig, answer_span
 from .settings import RunSettings
 from .state import AgentStep, Draft, SpecEyesState
 
-__all__ = ["after_tool_gate", "small_loop_input", "speculate_tools_node", "tool_draft"]
+__all__ = [
+    "after_tool_gate",
+    "small_loop",
+    "small_loop_input",
+    "speculate_tools_node",
+    "tool_draft",
+]
+
+
+def small_loop(setup: GraphSetup) -> CompiledStateGraph:
+    """The small model's tool loop: the agent loop's code with the speculator in it, its
+    tools in its own frame, its prompts and turn length, no answer at the step limit (a
+    rejection), and the answering turn's log-probs kept for the gate."""
+    options = setup.speculation
+    assert setup.speculator is not None  # a graph that speculates has one
+    return create_agent_loop(
+        setup.speculator,
+        setup.small_tools,
+        protocol=setup.protocol,
+        max_steps=setup.limits.max_speculation_depth + 1,
+        prompts=options.prompts or setup.prompts,
+        resize=options.resize,
+        store=setup.store,
+        options=dataclasses.replace(setup.loop, on_step_limit="error"),
+        keep_logprobs=True,
+        name="small_agent",
+        max_tokens=options.step_tokens,
+    ).compile(name="small_loop")
 
 
 def speculate_tools_node(

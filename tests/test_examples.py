@@ -93,3 +93,18 @@ def test_notebook_executes_headless():
     )
     assert "route=speculative" in text and "route=rejected-agentic" in text and "AUROC" in text
     assert images >= 3  # workflow, routes, histogram + curve
+
+
+def test_middleware_in_front_of_create_agent():
+    """SpecEyesMiddleware in a LangChain agent: the turns it answers are the small model's
+    confident drafts (right, here), the rest went to the agent."""
+    lines = run_example("middleware.py").splitlines()
+    rows = [dict(item.split("=", 1) for item in line.split()[2:6]) for line in lines[:12]]
+    assert [line.split()[0] for line in lines[:12]] == [f"q{i:03d}" for i in range(12)]
+    routes = [r["route"] for r in rows]
+    assert set(routes) >= {"speculative", "judged-agentic"}
+    for row, line in zip(rows, lines, strict=False):
+        if row["route"] == "speculative":
+            assert float(row["score"]) > 0.98 and f"reply='{row['expected']}'" in line
+    assert lines[12] == f"SpecEyes answered {routes.count('speculative')} of 12 turns without the agent's loop"
+    assert lines[13].startswith("agent alone ")

@@ -126,6 +126,7 @@ def test_runs_on_one_thread_through_the_server(server, scenes):
         "speceyes_chat",
         "speceyes_example",
         "speceyes_online",
+        "speceyes_agent",
     }
     thread = client.threads.create()["thread_id"]
     inputs, expected = scenes[0]
@@ -287,6 +288,63 @@ def test_the_chat_stream_with_subgraphs_carries_only_the_answer(server, scenes):
     assert [(m["type"], m["content"]) for m in messages] == [("ai", expected["answer"])]
     inner = [c for c in chunks if c.event.startswith("updates|")]  # namespaced: a subgraph's
     assert any("agent" in c.data for c in inner)
+
+
+def test_the_middleware_agent_through_the_server(server, scenes):
+    """``speceyes_agent`` (``create_agent`` with SpecEyesMiddleware) under ``langgraph dev``:
+    the demo questions as the turns of one thread, each judged alone, give the routes and
+    replies the same agent gives in this process on the same conversation; an accepted
+    turn streams only its reply; nothing a client reads of the thread holds pixels."""
+    from langchain_core.messages import HumanMessage, convert_to_messages
+    from langgraph_sdk import get_sync_client
+
+    from speceyes_graph.demo import DEMO_PROMPTS, demo_models
+    from speceyes_graph.separability import GateConfig
+    from speceyes_graph.studio import make_agent_graph
+    from speceyes_tools.images import ImageStore
+
+    def message(inputs) -> dict:
+        text = DEMO_PROMPTS.question(inputs["question"], inputs["options"])
+        image = {"type": "image_url", "image_url": {"url": inputs["images"][0]}}
+        return {"role": "user", "content": [{"type": "text", "text": text}, image]}
+
+    models = demo_models(batch_size=1)
+    local = make_agent_graph(
+        {"speculator": models["small"], "agent": models["large"], "prompts": DEMO_PROMPTS,
+         "gate": GateConfig(), "tools": "deepeyes"},
+        ImageStore(),
+    )  # fmt: skip
+    client = get_sync_client(url=server)
+    thread = client.threads.create()["thread_id"]
+    history: list = []
+    routes = set()
+    for inputs, _ in scenes:
+        sent = message(inputs)
+        mine = local.invoke({"messages": [*history, HumanMessage(**convert_to_messages([sent])[0].model_dump())]})
+        history = mine["messages"]
+        served = client.runs.wait(thread, "speceyes_agent", input={"messages": [sent]})
+        assert served["speceyes"]["route"] == mine["speceyes"]["route"]
+        assert served["messages"][-1]["content"] == mine["messages"][-1].content
+        routes.add(mine["speceyes"]["route"])
+        if mine["speceyes"]["route"] == "speculative":
+            meta = served["messages"][-1]["response_metadata"]["speceyes"]
+            assert meta["route"] == "speculative" and meta["score"] > meta["tau"]
+    assert routes >= {"speculative", "judged-agentic"}
+    state = client.threads.get_state(thread)["values"]
+    assert len([m for m in state["messages"] if m["type"] == "human"]) == len(scenes)
+    assert "base64" not in json.dumps(state)
+    history_json = json.dumps(client.threads.get_history(thread, limit=200))
+    assert "data:image" not in history_json and "iVBOR" not in history_json
+
+    inputs = next(i for i, e in scenes if e["route"] == "speculative")
+    chunks = list(
+        client.runs.stream(
+            client.threads.create()["thread_id"], "speceyes_agent",
+            input={"messages": [message(inputs)]}, stream_mode="messages-tuple",
+        )
+    )  # fmt: skip
+    streamed = [c.data[0] for c in chunks if c.event.startswith("messages")]
+    assert [m["type"] for m in streamed] == ["ai"] and streamed[0]["content"]
 
 
 @pytest.mark.vllm

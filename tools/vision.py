@@ -1,7 +1,9 @@
 """Crop and zoom: OpenCV on arrays, exposed as LangChain tools.
 
-The tools read the query's images from graph state (``InjectedState``): the model names a
-box and, optionally, which image; it never names a file. A crop is a NumPy view of the
+The tools read the query's images from graph state (``InjectedState``): the SpecEyes
+graph's ``images``, or, in an agent whose state is messages (LangChain's ``create_agent``,
+``SpecEyesMiddleware``'s agents), the latest human message's images. The model names a box
+and, optionally, which image; it never names a file. A crop is a NumPy view of the
 cached original (no copy of an 8K frame per step); only the zoomed output is new memory.
 Results that are images come back as a standard LangChain image content block, so the
 next model turn sees them; the artifact keeps the trace (box after clamping, notes, sizes).
@@ -9,6 +11,7 @@ next model turn sees them; the artifact keeps the trace (box after clamping, not
 
 from __future__ import annotations
 
+import base64
 import time
 from typing import Annotated, Any
 
@@ -43,6 +46,7 @@ __all__ = [
     "make_crop_tool",
     "make_zoom_tool",
     "make_image_zoom_in_tool",
+    "message_images",
     "resolve_box",
     "query_image",
 ]
@@ -78,12 +82,18 @@ def zoom_array(
 def query_image(
     state: Any, image_index: int, store: ImageStore | None = None
 ) -> tuple[str, np.ndarray]:
-    """The decoded image the model refers to, from the graph state's ``images`` list."""
-    images = (
-        (state or {}).get("images") if isinstance(state, dict) else getattr(state, "images", None)
-    )
+    """The decoded image the model refers to: the graph state's ``images`` list, or, in an
+    agent whose state is its messages (``create_agent``), the images of the latest human
+    message that has any."""
+    store = store or default_store()
+    images = _state_value(state, "images")
     if not images:
-        raise ToolException("no image is attached to this query (state['images'] is empty)")
+        images = message_images(_state_value(state, "messages") or [], store)
+    if not images:
+        raise ToolException(
+            "no image is attached to this query (no state['images'], and no human message "
+            "with an image)"
+        )
     if isinstance(images, str):
         images = [images]
     if not isinstance(image_index, int) or not 0 <= image_index < len(images):
@@ -93,13 +103,56 @@ def query_image(
         )
     ref = images[image_index]
     try:
-        return ref, (store or default_store()).get(ref)
+        return ref, store.get(ref)
     except ImageLoadError:
         raise  # not the model's fault: the query fails with a clear error
     except Exception as exc:  # pragma: no cover - defensive
         raise ImageLoadError(
             f"could not load image {image_index}: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _state_value(state: Any, key: str) -> Any:
+    return (state or {}).get(key) if isinstance(state, dict) else getattr(state, key, None)
+
+
+def message_images(messages: Any, store: ImageStore) -> list[str]:
+    """References of the images of the latest human message that has any: ``blob://`` keys
+    and URLs as they are, inline base64 put into ``store`` (its key). Messages are LangChain
+    messages or their dicts; anything else is skipped."""
+    for message in reversed(list(messages)):
+        kind = _state_value(message, "type") or _state_value(message, "role")
+        if kind not in ("human", "user"):
+            continue
+        content = _state_value(message, "content")
+        refs = [
+            ref
+            for block in (content if isinstance(content, list) else [])
+            if (ref := _block_image(block, store)) is not None
+        ]
+        if refs:
+            return refs
+    return []
+
+
+def _block_image(block: Any, store: ImageStore) -> str | None:
+    """The reference of one content block, if it is an image (LangChain or OpenAI format)."""
+    if not isinstance(block, dict):
+        return None
+    if block.get("type") == "image":
+        if block.get("base64"):
+            data = block["base64"]
+            try:
+                return store.put(data if isinstance(data, bytes) else base64.b64decode(data))
+            except (ValueError, TypeError) as exc:  # binascii.Error is a ValueError
+                raise ImageLoadError(f"an image of the message is not valid base64: {exc}") from None
+        url = block.get("url")
+        return url if isinstance(url, str) and url else None
+    if block.get("type") == "image_url":
+        url = block.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        return url if isinstance(url, str) and url else None
+    return None
 
 
 def resolve_box(

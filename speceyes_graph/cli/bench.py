@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -110,10 +111,12 @@ def _batch_tokens(value: str) -> int | str | None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from ..agent import LoopOptions
     from ..benchmarks import load_benchmark, run_benchmark
     from ..benchmarks.datasets import count_benchmark
     from ..benchmarks.runner import RunLocked
     from ..graph import create_speceyes_graph
+    from ..options import SpeculationOptions
     from ..separability import GateConfig
 
     specs = args.specs
@@ -143,11 +146,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             max_batch_tokens=args.max_batch_tokens,
         )
-    settings: dict = {"max_agent_steps": args.max_agent_steps, "tools": args.tools}
+    settings: dict = {"tools": args.tools, "loop": LoopOptions()}
     if all(spec.kind == "demo" for spec in specs.values()):
         from ..demo import DEMO_GRAPH_SETTINGS
 
         settings.update(DEMO_GRAPH_SETTINGS)  # the prompts the demo checkpoints learned
+    if args.max_agent_steps is not None:
+        settings["loop"] = dataclasses.replace(settings["loop"], max_steps=args.max_agent_steps)
     settings["gate"] = gate
     online = None
     if args.max_risk is not None:  # the online gate, starting from this gate
@@ -162,11 +167,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         # the published Thyme runs end POPE's yes/no questions with this line
         tail = "Please answer 'yes' or 'no'." if args.benchmark == "pope" else ""
         settings["prompts"] = Prompts.thyme(open_tail=tail)
-    if args.speculation:
-        settings["speculation"] = args.speculation
-    if args.speculation_depth:
-        settings["speculation_depth"] = args.speculation_depth
-        settings["speculator_step_tokens"] = args.max_new_tokens
+    settings["speculation"] = SpeculationOptions(
+        start=args.speculation or "after_judge",
+        depth=args.speculation_depth or 0,
+        step_tokens=args.max_new_tokens if args.speculation_depth else None,
+    )
     builder = create_speceyes_graph(speculator=small, agent=large, mode=args.mode, **settings)
     graph = builder.compile()
     schedule = None

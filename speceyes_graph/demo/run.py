@@ -27,10 +27,11 @@ from ..benchmarks.runner import read_records, run_benchmark
 from ..drawing import draw
 from ..graph import create_speceyes_graph
 from ..online_gate import OnlineGate
+from ..options import SpeculationOptions
 from ..separability import GateConfig
 from ..state import Mode
 from .annotated import write_examples
-from .engines import DEMO_TURN_TOKENS, EngineName, demo_engine, local_models
+from .engines import EngineName, demo_engine, local_models
 from .summary import (
     MICRO_SPLIT,
     SPLITS,
@@ -146,11 +147,10 @@ DEMO_GRAPH_SETTINGS: dict[str, Any] = {
     # 300 scenes the demo never evaluates on (scripts/calibrate_demo_depth.py: certified
     # 0.96304 at 1% accuracy loss, probability 0.9; rounded up, stricter)
     "gate": GateConfig(tau_depth=0.964),
-    "max_agent_steps": 4,
-    # trained with the tool's text line in each <tool_response>, and corrective messages
-    "loop": LoopOptions(tool_response_text=True, explain_problems=True),
-    # depth-D speculation: the small model's loop turns are as long as the agent's
-    "speculator_step_tokens": DEMO_TURN_TOKENS,
+    # at most 4 agent steps; trained with the tool's text line in each <tool_response>, and
+    # corrective messages (depth-D speculation's small loop turns are as long as the agent's
+    # by default: the large model's DEMO_TURN_TOKENS)
+    "loop": LoopOptions(max_steps=4, tool_response_text=True, explain_problems=True),
 }
 
 
@@ -162,7 +162,7 @@ def demo_graph(
         speculator=small,
         agent=large,
         mode=mode,
-        speculation_depth=speculation_depth,
+        speculation=SpeculationOptions(depth=speculation_depth),
         **DEMO_GRAPH_SETTINGS,
     )
 
@@ -355,7 +355,7 @@ def _recorded_settings(batch_size: int, concurrency: int) -> dict[str, Any]:
         "tau_depth": gate.tau_depth,
         "aggregation": gate.aggregation,
         "top_k": gate.k,
-        "max_agent_steps": DEMO_GRAPH_SETTINGS.get("max_agent_steps"),
+        "max_agent_steps": DEMO_GRAPH_SETTINGS["loop"].max_steps,
         "batch_size": batch_size,
         "concurrency": concurrency,
         "small": "demo",

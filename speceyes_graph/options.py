@@ -1,0 +1,347 @@
+"""How a SpecEyes graph is configured: its option groups, and the setup they resolve to.
+
+:func:`~speceyes_graph.create_speceyes_graph` takes its settings where they belong:
+
+- the models: ``speculator``, ``agent`` (a chat model, for the built-in loop, or any agent
+  that speaks messages), ``judge`` (a chat model, ``"agent"`` or ``"speculator"``);
+- ``gate``: phase III (:class:`~speceyes_graph.separability.GateConfig`, an
+  :class:`~speceyes_graph.online_gate.OnlineGate`, or a gate file);
+- ``speculation``: phases I and II and depth-D speculation (:class:`SpeculationOptions`);
+- ``loop``: phase IV, the agent loop (:class:`~speceyes_graph.agent.LoopOptions`);
+- ``limits``: deadlines, sizes, per-run ceilings (:class:`~speceyes_graph.settings.Limits`);
+- ``tools``, ``prompts``, ``resize``, ``store``, ``mode``, ``on_error``.
+
+The keywords of earlier releases are still accepted (:class:`LegacyOptions` lists each and
+where it now lives); one given beside its group sets that field of the group
+(``create_speceyes_graph(**DEMO_GRAPH_SETTINGS, max_agent_steps=2)``: 2 steps).
+
+:class:`GraphSetup` is everything resolved and checked: the defaults filled in, the
+protocol chosen, the modes the models allow. The graph's nodes are built from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.tools import BaseTool
+from typing_extensions import TypedDict
+
+from speceyes_tools.images import ImageStore, ResizeSpec, default_store
+
+from .agent import LoopOptions, default_max_steps, resolve_protocol
+from .messages import Protocol, bare_model
+from .online_gate import OnlineGate
+from .phases import DRAFT_MAX_TOKENS, JUDGE_MAX_TOKENS
+from .prompts import Prompts
+from .separability import GateConfig
+from .settings import Limits, OnError, RunSettings
+from .state import Mode
+from .toolsets import Toolset, build_tools, load_toolset
+
+__all__ = [
+    "THYME_TAU",
+    "GraphSetup",
+    "LegacyOptions",
+    "SpeculationOptions",
+    "Speculation",
+    "ToolsSpec",
+    "resolve_setup",
+]
+
+Speculation = Literal["parallel", "after_judge"]
+ToolsSpec = str | Path | Toolset | Sequence[BaseTool]
+THYME_TAU = 0.95  # the published threshold of the Thyme runs
+_MODES = ("speceyes", "agent", "small", "specreason")
+
+
+@dataclass(frozen=True)
+class SpeculationOptions:
+    """Phases I and II (judge and draft) and depth-D speculation.
+
+    ``start``: ``after_judge`` (the paper's funnel: a draft only for queries judged
+    tool-free) or ``parallel`` (the draft starts beside the judge; see
+    :mod:`speceyes_graph.nodes`). ``judge_max_tokens`` / ``draft_max_tokens``: generation
+    lengths, the published 10 and 20 (None: the model's own setting). ``resize``: the small
+    model's image frame (default: its own ``resize_spec``, else the agent's frame).
+
+    ``depth`` D > 0: a query the judge sends to the tools first runs the small model's own
+    tool loop, at most D tool steps, gated with ``gate.tau_depth``
+    (:mod:`speceyes_graph.tool_speculation`); per run: context ``speculation_depth``.
+    That loop's ``tools`` (default: the agent's toolset in the small model's frame, or the
+    same list), ``prompts`` (default: the agent's) and ``step_tokens`` (each turn's length;
+    default: the agent model's ``max_tokens`` when it has one, else the small model's own).
+    """
+
+    start: Speculation = "after_judge"
+    judge_max_tokens: int | None = JUDGE_MAX_TOKENS
+    draft_max_tokens: int | None = DRAFT_MAX_TOKENS
+    resize: ResizeSpec | None = None
+    depth: int = 0
+    tools: ToolsSpec | None = None
+    prompts: Prompts | None = None
+    step_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.start not in ("parallel", "after_judge"):
+            raise ValueError(
+                f"speculation must start 'parallel' or 'after_judge', got {self.start!r}"
+            )
+
+
+class LegacyOptions(TypedDict, total=False):
+    """The keywords of earlier releases, each with the group field it now is."""
+
+    speculator_as_judge: bool  # judge="speculator" (wins over a judge model, as it did)
+    max_agent_steps: int | None  # loop=LoopOptions(max_steps=...)
+    protocol: Protocol | Literal["auto"]  # loop=LoopOptions(protocol=...)
+    judge_max_tokens: int | None  # speculation=SpeculationOptions(judge_max_tokens=...)
+    draft_max_tokens: int | None  # speculation=SpeculationOptions(draft_max_tokens=...)
+    speculator_resize: ResizeSpec | None  # speculation=SpeculationOptions(resize=...)
+    speculation_depth: int  # speculation=SpeculationOptions(depth=...)
+    speculator_tools: ToolsSpec | None  # speculation=SpeculationOptions(tools=...)
+    speculator_prompts: Prompts | None  # speculation=SpeculationOptions(prompts=...)
+    speculator_step_tokens: int | None  # speculation=SpeculationOptions(step_tokens=...)
+
+
+_Group = TypeVar("_Group", SpeculationOptions, LoopOptions)
+_LEGACY_LOOP = {"max_agent_steps": "max_steps", "protocol": "protocol"}
+_LEGACY_SPECULATION = {
+    "judge_max_tokens": "judge_max_tokens",
+    "draft_max_tokens": "draft_max_tokens",
+    "speculator_resize": "resize",
+    "speculation_depth": "depth",
+    "speculator_tools": "tools",
+    "speculator_prompts": "prompts",
+    "speculator_step_tokens": "step_tokens",
+}
+
+
+def _with_legacy(group: _Group, legacy: dict[str, Any], names: dict[str, str]) -> _Group:
+    """``group`` with the legacy keywords of ``names`` moved into their fields (a keyword
+    overrides what the group says: ``**DEMO_GRAPH_SETTINGS, max_agent_steps=2`` means 2)."""
+    changes = {new: legacy.pop(old) for old, new in names.items() if old in legacy}
+    return dataclasses.replace(group, **changes) if changes else group
+
+
+@dataclass(frozen=True)
+class GraphSetup:
+    """What a SpecEyes graph is built from: every option resolved and checked."""
+
+    mode: Mode
+    judge: Any | None  # phase I's chat model
+    speculator: Any | None
+    agent: Any | None  # the built-in loop's chat model
+    agent_graph: Any | None  # or a user's agent: messages in, messages out
+    tools: list[BaseTool]  # the built-in loop's
+    small_tools: list[BaseTool]  # the small model's loop's (depth-D speculation)
+    protocol: Protocol
+    gate: GateConfig
+    online: OnlineGate | None
+    prompts: Prompts
+    loop: LoopOptions  # max_steps resolved
+    speculation: SpeculationOptions  # resize and step_tokens resolved
+    resize: ResizeSpec  # the agent's (and the judge's) image frame
+    judge_resize: ResizeSpec
+    limits: Limits
+    store: ImageStore
+    on_error: OnError
+    available: frozenset[str]  # the modes these models allow
+    defaults: RunSettings = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "defaults",
+            RunSettings(
+                tau=self.gate.tau,
+                k=self.gate.k,
+                aggregation=self.gate.aggregation,
+                mode=self.mode,
+                max_agent_steps=self.max_steps,
+                query_timeout_s=self.limits.query_timeout_s,
+                model_timeout_s=self.limits.model_timeout_s,
+                tool_timeout_s=self.limits.tool_timeout_s,
+                on_error=self.on_error,
+                speculation_depth=self.speculation.depth,
+                tau_depth=self.gate.tau_depth,
+            ),
+        )
+
+    @property
+    def max_steps(self) -> int:
+        steps = self.loop.max_steps
+        return default_max_steps(self.protocol) if steps is None else steps
+
+    @property
+    def has_fallback(self) -> bool:
+        return self.agent is not None or self.agent_graph is not None
+
+    @property
+    def parallel(self) -> bool:
+        return self.speculation.start == "parallel" and "speceyes" in self.available
+
+
+def _is_chat_model(model: Any) -> bool:
+    """A chat model, or a binding of one (``with_config``, ``bind``)."""
+    return isinstance(bare_model(model), BaseChatModel)
+
+
+def _is_list(tools: Any) -> bool:
+    return isinstance(tools, Sequence) and not isinstance(tools, str)
+
+
+def _tools(tools: ToolsSpec | None, resize: ResizeSpec, store: ImageStore) -> list[BaseTool]:
+    """A list of tools as given, or a toolset built for a model's image frame."""
+    if tools is None:
+        return []
+    if _is_list(tools):
+        return list(tools)  # type: ignore[arg-type]
+    return build_tools(load_toolset(tools), resize=resize, store=store)  # type: ignore[arg-type]
+
+
+def resolve_setup(
+    *,
+    speculator: Any | None,
+    agent: Any | None,
+    judge: Any | None,
+    tools: ToolsSpec | None,
+    mode: Mode,
+    gate: GateConfig | OnlineGate | str | Path | None,
+    speculation: SpeculationOptions | Speculation | None,
+    loop: LoopOptions | None,
+    prompts: Prompts | None,
+    resize: ResizeSpec | None,
+    limits: Limits | None,
+    store: ImageStore | None,
+    on_error: OnError,
+    legacy: dict[str, Any],
+) -> GraphSetup:
+    """The arguments of :func:`~speceyes_graph.create_speceyes_graph`, resolved and checked."""
+    legacy = dict(legacy)
+    unknown = sorted(set(legacy) - set(LegacyOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"create_speceyes_graph() got unexpected keyword arguments {unknown}")
+    phases = (
+        speculation
+        if isinstance(speculation, SpeculationOptions)
+        else SpeculationOptions(start=speculation or "after_judge")
+    )
+    phases = _with_legacy(phases, legacy, _LEGACY_SPECULATION)
+    loop = _with_legacy(loop or LoopOptions(), legacy, _LEGACY_LOOP)
+    if legacy.pop("speculator_as_judge", False):  # it wins over judge=, as it always did
+        judge = "speculator"
+    if mode not in _MODES:
+        raise ValueError(f"unknown mode {mode!r}; use 'speceyes', 'agent', 'small' or 'specreason'")
+    if on_error not in ("record", "raise"):
+        raise ValueError(f"on_error must be 'record' or 'raise', got {on_error!r}")
+    store = store or default_store()
+    limits = limits or Limits()
+
+    # The models: the built-in loop's chat model, or a user's agent over messages
+    agent_graph = None
+    if agent is not None and not _is_chat_model(agent):
+        if not callable(getattr(agent, "invoke", None)):
+            raise TypeError(
+                "agent must be a chat model or an agent that takes messages (a compiled "
+                f"graph or Runnable, e.g. create_agent(...)), got {type(agent).__name__}"
+            )
+        agent, agent_graph = None, agent
+    resize = resize or getattr(agent, "resize_spec", None) or ResizeSpec()
+    speculator_resize = phases.resize or getattr(speculator, "resize_spec", None) or resize
+    if judge == "speculator":
+        judge_model, judge_resize = speculator, speculator_resize
+    elif judge is None or judge == "agent":
+        judge_model, judge_resize = agent, resize
+    elif isinstance(judge, str):
+        raise ValueError(f"judge must be a chat model, 'agent' or 'speculator', got {judge!r}")
+    else:
+        judge_model, judge_resize = judge, resize
+    has_agent = agent is not None or agent_graph is not None
+    can_speculate = speculator is not None and judge_model is not None and has_agent
+
+    # The tools: the built-in loop's in the agent's frame, the small loop's in its own
+    tool_list = _tools(tools, resize, store) if agent is not None else []
+    small_tools: list[BaseTool] = []
+    if can_speculate:
+        if phases.tools is not None:
+            small_tools = _tools(phases.tools, speculator_resize, store)
+        elif _is_list(tools) or agent is not None and not isinstance(tools, (str, Path, Toolset)):
+            small_tools = tool_list
+        else:
+            small_tools = _tools(tools, speculator_resize, store)
+    protocol = resolve_protocol(loop.protocol, tool_list if agent is not None else small_tools)
+    thyme = protocol == "thyme"
+
+    online = None
+    if isinstance(gate, OnlineGate):
+        if not has_agent:
+            raise ValueError("an online gate learns from the agent's answers: give agent=...")
+        online, gate = gate, gate.config
+    if isinstance(gate, (str, Path)):
+        gate = GateConfig.load(gate)
+    gate = gate or GateConfig(tau=THYME_TAU if thyme else GateConfig().tau)
+    prompts = prompts or (Prompts.thyme() if thyme else Prompts())
+    max_steps = default_max_steps(protocol) if loop.max_steps is None else loop.max_steps
+    loop = dataclasses.replace(loop, protocol=protocol, max_steps=max_steps)
+    step_tokens = phases.step_tokens or getattr(agent, "max_tokens", None)
+    phases = dataclasses.replace(
+        phases,
+        resize=speculator_resize,
+        step_tokens=step_tokens if isinstance(step_tokens, int) else None,
+    )
+
+    available: set[str] = {"agent"} if has_agent else set()
+    if speculator is not None:
+        available.add("small")
+        if can_speculate:
+            available.add("speceyes")
+        if agent is not None and protocol in ("deepeyes", "thyme"):  # text protocols only
+            available.add("specreason")
+    if mode in ("speceyes", "agent", "specreason") and not has_agent:
+        raise ValueError(f"mode {mode!r} needs an agent (agent=...)")
+    if mode in ("speceyes", "small", "specreason") and speculator is None:
+        raise ValueError(f"mode {mode!r} needs a speculator model (speculator=...)")
+    if mode == "speceyes" and judge_model is None:
+        raise ValueError(
+            "the agent given is not a chat model, so it cannot judge: give judge=<the large "
+            "chat model> (the paper judges with the agent's own model) or judge='speculator'"
+        )
+    if mode == "specreason" and "specreason" not in available:
+        raise ValueError(
+            "mode 'specreason' drafts steps of a text protocol (deepeyes or thyme) of the "
+            f"built-in loop, not {'a given agent' if agent_graph is not None else protocol!r}"
+        )
+    if not 0 <= phases.depth <= limits.max_speculation_depth:
+        raise ValueError(
+            f"speculation_depth must be 0..{limits.max_speculation_depth}, got {phases.depth}"
+        )
+    if phases.depth and not small_tools:
+        raise ValueError("depth-D speculation runs the small model's tool loop: give tools=...")
+    if not 1 <= max_steps <= limits.max_agent_steps:
+        raise ValueError(f"max_agent_steps must be 1..{limits.max_agent_steps}, got {max_steps}")
+    return GraphSetup(
+        mode=mode,
+        judge=judge_model,
+        speculator=speculator,
+        agent=agent,
+        agent_graph=agent_graph,
+        tools=tool_list,
+        small_tools=small_tools,
+        protocol=protocol,
+        gate=gate,
+        online=online,
+        prompts=prompts,
+        loop=loop,
+        speculation=phases,
+        resize=resize,
+        judge_resize=judge_resize,
+        limits=limits,
+        store=store,
+        on_error=on_error,
+        available=frozenset(available),
+    )

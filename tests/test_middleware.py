@@ -1,0 +1,324 @@
+"""SpecEyesMiddleware in front of LangChain's own ``create_agent``: an accepted draft is the
+agent's reply with no agent model call and no tool run; otherwise the agent's loop runs as
+it would without the middleware; each human turn of a thread is judged alone; sync, async and
+streamed runs agree; a failing phase never fails the agent; a gate file and the online gate
+work; nothing the thread stores holds pixels; the package's tools read the turn's images.
+Scripted models: the judge's verdicts and the drafts' scores are chosen by the question."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import pytest
+from checkpoint_pixels import describe, leaks, saver_rows
+from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware, ModelCallLimitMiddleware
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+
+from helpers import question_of, speculator
+from speceyes_graph import GateConfig, ImageStoreMiddleware, OnlineGate, SpecEyesMiddleware
+from speceyes_graph.middleware import pixel_free_agent
+from speceyes_graph.models import ScriptedChatModel
+from speceyes_graph.protocol import message_text
+from speceyes_tools.vision import make_zoom_tool
+
+# the question says what the scripted models do: "tiny" needs tools, "unsure" drafts weakly
+BIG, TINY, UNSURE = "What colour is the big square?", "What colour is the tiny square?", "unsure?"
+
+
+def large_model(answer="red", fail_judge=False):
+    """Judges ("yes" for tiny things), then zooms once and answers after the crop."""
+
+    def respond(msgs):
+        text = question_of(msgs)
+        if "yes or no" in text:
+            if fail_judge:
+                raise RuntimeError("the judge's server is down")
+            return "yes" if "tiny" in text else "no"
+        if any(isinstance(m, ToolMessage) for m in msgs):
+            return f"<answer>{answer}</answer>"
+        call = {"name": "zoom", "args": {"bbox": [80, 80, 220, 220]}, "id": "call-1"}
+        return AIMessage(content="", tool_calls=[call])
+
+    return ScriptedChatModel(respond=respond)
+
+
+def small_model(fail=False):
+    model = speculator("blue", lambda q: 5.0 if "unsure" in q else 9.0)
+    if fail:
+        model.respond = lambda msgs: (_ for _ in ()).throw(RuntimeError("the small model is down"))
+    return model
+
+
+def turn(scene, question, image=True):
+    content = [{"type": "text", "text": question}]
+    if image:
+        data = base64.b64encode(open(scene, "rb").read()).decode()
+        content.insert(0, {"type": "image", "base64": data, "mime_type": "image/png"})
+    return {"messages": [HumanMessage(content=content)]}
+
+
+def agent_of(large, small, tools=None, **kw):
+    middleware = kw.pop("middleware", None) or [SpecEyesMiddleware(small, **kw)]
+    return create_agent(large, tools if tools is not None else [make_zoom_tool()], middleware=middleware)
+
+
+def counted_zoom():
+    calls = []
+    zoom = make_zoom_tool()
+
+    @tool("zoom")
+    def spy(bbox: list[float]) -> str:
+        """Zoom in on a region of the image."""
+        calls.append(bbox)
+        return "zoomed"
+
+    return spy, calls, zoom
+
+
+def test_an_accepted_draft_is_the_reply_no_agent_call_no_tool(scene):
+    large, small = large_model(), small_model()
+    spy, calls, _ = counted_zoom()
+    out = agent_of(large, small, tools=[spy]).invoke(turn(scene, BIG))
+    reply = out["messages"][-1]
+    assert [m.type for m in out["messages"]] == ["human", "ai"]
+    assert reply.content == "blue" and not reply.tool_calls
+    meta = reply.response_metadata["speceyes"]
+    assert meta["route"] == "speculative" and meta["tau"] == 0.98 and meta["score"] > 0.98
+    assert large.calls == 1 and small.calls == 1  # the judge's call only; no agent turn
+    assert calls == []  # no tool ran
+    record = out["speceyes"]
+    assert record["route"] == "speculative" and record["judge_output"] == "no"
+    assert record["draft"]["accepted"] and record["draft"]["tokens"] == ["blue"]
+
+
+def sent(messages):
+    """What a model call was sent (message ids are fresh in every run)."""
+    return [(m.type, m.content, getattr(m, "tool_calls", None)) for m in messages]
+
+
+def test_a_rejected_draft_leaves_the_agents_loop_as_it_was(scene):
+    """The agent's model calls receive exactly what they receive without SpecEyes (the same
+    agent with only the image handling), and the tools run as they did."""
+    with_speceyes, without = large_model(), large_model()
+    out = agent_of(with_speceyes, small_model()).invoke(turn(scene, "unsure? " + BIG))
+    plain = agent_of(without, None, middleware=[ImageStoreMiddleware()]).invoke(
+        turn(scene, "unsure? " + BIG)
+    )
+    assert out["speceyes"]["route"] == "rejected-agentic"
+    assert out["speceyes"]["draft"]["accepted"] is False and out["speceyes"]["draft"]["score"] < 0.98
+    agent_calls = [m for m in with_speceyes.received if "yes or no" not in question_of(m)]
+    assert list(map(sent, agent_calls)) == list(map(sent, without.received))
+    assert len(agent_calls) == 2
+    # a model that cannot read the image store is sent the image itself, never a store key
+    first_turn = agent_calls[0][-1].content
+    assert any(b.get("base64") for b in first_turn) and "blob://" not in str(first_turn)
+    assert [m.type for m in out["messages"]] == [m.type for m in plain["messages"]]
+    assert [m.type for m in out["messages"]] == ["human", "ai", "tool", "ai"]
+    assert out["messages"][-1].content == "<answer>red</answer>"
+
+
+def test_a_turn_the_judge_sends_to_the_tools_is_never_drafted(scene):
+    large, small = large_model(), small_model()
+    out = agent_of(large, small).invoke(turn(scene, TINY))
+    assert out["speceyes"]["route"] == "judged-agentic" and out["speceyes"]["draft"] is None
+    assert small.calls == 0 and large.calls == 3  # judge, zoom, answer
+    tool_message = next(m for m in out["messages"] if isinstance(m, ToolMessage))
+    assert "region [" in message_text(tool_message)  # our zoom tool read the turn's image
+
+
+def test_each_human_turn_of_a_thread_is_judged_alone(scene):
+    large, small = large_model(), small_model()
+    agent = create_agent(
+        large,
+        [make_zoom_tool()],
+        middleware=[SpecEyesMiddleware(small)],
+        checkpointer=InMemorySaver(),
+    )
+    config = {"configurable": {"thread_id": "t"}}
+    first = agent.invoke(turn(scene, TINY), config)
+    second = agent.invoke(turn(scene, BIG, image=False), config)  # a follow-up: same image
+    assert first["speceyes"]["route"] == "judged-agentic"
+    assert second["speceyes"]["route"] == "speculative"
+    judged = [question_of(m) for m in large.received if "yes or no" in question_of(m)]
+    assert len(judged) == 2 and "big" in judged[1] and "tiny" not in judged[1]
+    second_judge = [m for m in large.received if "yes or no" in question_of(m)][1]
+    assert any(b.get("type") == "image" for b in second_judge[-1].content)  # the earlier image
+    assert [m.type for m in second["messages"]] == ["human", "ai", "tool", "ai", "human", "ai"]
+
+
+def test_sync_async_and_streamed_runs_agree(scene):
+    agent = agent_of(large_model(), small_model())
+    questions = [BIG, TINY, "unsure? " + BIG]
+
+    def summary(out):
+        return out["speceyes"]["route"], message_text(out["messages"][-1])
+
+    sync = [summary(agent.invoke(turn(scene, q))) for q in questions]
+
+    async def both():
+        return [summary(await agent.ainvoke(turn(scene, q))) for q in questions]
+
+    assert asyncio.run(both()) == sync
+    assert sync == [("speculative", "blue"), ("judged-agentic", "<answer>red</answer>"),
+                    ("rejected-agentic", "<answer>red</answer>")]  # fmt: skip
+    # stream_mode="messages": the reply, never the judge's "no" or the draft being written
+    streamed = [m for m, _ in agent.stream(turn(scene, BIG), stream_mode="messages")]
+    assert [(m.type, m.content) for m in streamed] == [("ai", "blue")]
+    streamed = [m for m, _ in agent.stream(turn(scene, TINY), stream_mode="messages")]
+    assert [m.type for m in streamed] == ["ai", "tool", "ai"]
+
+
+def test_a_failing_phase_or_image_never_fails_the_agent(scene, tmp_path):
+    out = agent_of(large_model(fail_judge=True), small_model()).invoke(turn(scene, BIG))
+    assert out["speceyes"]["route"] == "judged-agentic" and "judge's server" in out["speceyes"]["error"]
+    assert out["messages"][-1].content == "<answer>red</answer>"
+    out = agent_of(large_model(), small_model(fail=True)).invoke(turn(scene, BIG))
+    assert out["speceyes"]["route"] == "rejected-agentic"
+    assert "small model is down" in out["speceyes"]["draft"]["error"]
+    assert out["messages"][-1].content == "<answer>red</answer>"
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(open(scene, "rb").read()[:200])  # a truncated PNG
+    out = agent_of(large_model(), small_model(), tools=[]).invoke(turn(str(broken), BIG))
+    assert out["speceyes"]["route"] is None and "not speculated" in out["speceyes"]["error"]
+    no_image = agent_of(large_model(), small_model(), tools=[]).invoke(turn(scene, BIG, image=False))
+    assert no_image["speceyes"]["route"] is None and "no image" in no_image["speceyes"]["error"]
+
+
+def test_a_gate_file_from_calibrate(scene, tmp_path):
+    gate_file = tmp_path / "gate.json"
+    gate_file.write_text(json.dumps({"gate": {"tau": 0.999, "k": 64, "aggregation": "min"}}))
+    out = agent_of(large_model(), small_model(), gate=str(gate_file)).invoke(turn(scene, BIG))
+    assert out["speceyes"]["route"] == "rejected-agentic"  # 0.9955 does not clear 0.999
+    assert 0.98 < out["speceyes"]["draft"]["score"] < 0.999
+
+
+def test_the_online_gate_gets_every_label(scene):
+    """Accepted drafts are observed (shadowed ones labelled by a shadow agent off the user's
+    path), rejected ones labelled by the agent's answer, tool turns counted without a draft."""
+    gate = OnlineGate(0.05, 1.0, warmup=1000, window=1000, seed=0)  # tau stays 0.98
+    shadow = create_agent(large_model(answer="blue"), [make_zoom_tool()], middleware=[ImageStoreMiddleware()])
+    agent = agent_of(large_model(answer="red"), small_model(), gate=gate, shadow=shadow)
+    routes = [agent.invoke(turn(scene, q))["speceyes"]["route"] for q in (BIG, "unsure? " + BIG, TINY)]
+    assert routes == ["speculative", "rejected-agentic", "judged-agentic"]
+    assert gate.shadows.drain(30)
+    seen = sorted(gate.ledger.recent(), key=lambda o: o.at)
+    assert len(seen) == 3
+    accepted, rejected, tools = seen
+    assert accepted.accepted and accepted.shadowed and accepted.disagrees is False  # blue == blue
+    assert not rejected.accepted and rejected.disagrees is True  # the draft said blue, agent red
+    assert tools.score is None
+    assert gate.state()["shadow_runs"]["labelled"] == 1
+
+
+def test_nothing_the_thread_stores_holds_pixels(scene):
+    """With pixel_free_agent, LangGraph's record of each input holds keys too; without it
+    that record keeps the pasted image (the guard finds it: it can fail)."""
+    found = {}
+    for wrapped in (False, True):
+        saver = InMemorySaver()
+        agent = create_agent(
+            large_model(), [make_zoom_tool()], middleware=[SpecEyesMiddleware(small_model())],
+            checkpointer=saver,
+        )  # fmt: skip
+        if wrapped:
+            agent = pixel_free_agent(agent)
+        for q in (TINY, BIG):
+            agent.invoke(turn(scene, q), {"configurable": {"thread_id": "t"}})
+        found[wrapped] = describe(leaks(saver_rows(saver)))
+        state = agent.get_state({"configurable": {"thread_id": "t"}}).values
+        assert "base64" not in json.dumps([m.model_dump() for m in state["messages"]])
+    assert any("__start__" in row for row in found[False])
+    assert found[True] == []
+
+
+def test_the_zoom_tool_reads_the_turns_image_in_any_messages_agent(scene):
+    """No middleware at all: the tool finds the pasted image in the agent's messages."""
+    out = create_agent(large_model(), [make_zoom_tool()]).invoke(turn(scene, TINY))
+    result = next(m for m in out["messages"] if isinstance(m, ToolMessage))
+    assert result.status != "error" and "region [" in message_text(result)
+    assert any(b.get("type") == "image" for b in result.content)
+
+
+class Seen(AgentMiddleware):
+    """Another middleware around the model: what reaches it and what comes back."""
+
+    def __init__(self):
+        super().__init__()
+        self.replies = []
+
+    def wrap_model_call(self, request, handler):
+        response = handler(request)
+        self.replies.append(response.result[-1].content)
+        return response
+
+
+def test_in_a_middleware_stack(scene):
+    outer = Seen()
+    limit = ModelCallLimitMiddleware(run_limit=3)
+    agent = create_agent(
+        large_model(), [make_zoom_tool()],
+        middleware=[outer, SpecEyesMiddleware(small_model()), limit],
+    )  # fmt: skip
+    assert agent.invoke(turn(scene, BIG))["messages"][-1].content == "blue"
+    assert agent.invoke(turn(scene, TINY))["messages"][-1].content == "<answer>red</answer>"
+    assert outer.replies == ["blue", "", "<answer>red</answer>"]
+
+
+@pytest.mark.parametrize("bad", ["not-a-model", 3])
+def test_the_speculator_must_be_a_chat_model(bad):
+    with pytest.raises((TypeError, AttributeError)):
+        SpecEyesMiddleware(bad)
+
+
+# --- the same answers as the graph, on the demo checkpoints -----------------------------------
+
+
+def test_create_agent_with_the_middleware_answers_as_the_graph_does(demo_queries_60):
+    """``create_agent`` + SpecEyesMiddleware + our tools against ``create_speceyes_graph`` with
+    the native protocol, on 60 demo queries: the same route and the same answer for each.
+    tau 0.9945 sits in a gap of the drafts' scores (0.99427 | 0.99452), so some drafts are
+    accepted and some rejected, and every route is compared. One request per generate call:
+    a batched call's scores also depend on which requests share it, in the last bits."""
+    from speceyes_graph import LoopOptions, create_speceyes_graph
+    from speceyes_graph.agent import agent_system_prompt
+    from speceyes_graph.demo import DEMO_PROMPTS, demo_models
+    from speceyes_graph.protocol import extract_answer
+    from speceyes_graph.toolsets import build_tools, load_toolset
+    from speceyes_tools.images import default_store
+
+    models = demo_models(batch_size=1)
+    small, large = models["small"], models["large"]
+    strict = GateConfig(tau=0.9945)
+    loop = LoopOptions(protocol="native", max_steps=4, tool_response_text=True, explain_problems=True)
+    graph = create_speceyes_graph(
+        speculator=small, agent=large, prompts=DEMO_PROMPTS, gate=strict, loop=loop
+    ).compile()
+    expected = graph.batch(demo_queries_60, {"max_concurrency": 16})
+
+    tools = build_tools(load_toolset("deepeyes"), resize=large.resize_spec, store=default_store())
+    agent = create_agent(
+        large,
+        tools,
+        system_prompt=agent_system_prompt("native", DEMO_PROMPTS, tools),
+        middleware=[SpecEyesMiddleware(small, prompts=DEMO_PROMPTS, gate=strict)],
+    )
+
+    def as_a_user_writes_it(q):
+        data = base64.b64encode(open(q["images"][0], "rb").read()).decode()
+        text = DEMO_PROMPTS.question(q["question"], q["options"])  # "Question: ...\nOptions: ..."
+        image = {"type": "image", "base64": data, "mime_type": "image/png"}
+        return {"messages": [HumanMessage(content=[image, {"type": "text", "text": text}])]}
+
+    outs = agent.batch([as_a_user_writes_it(q) for q in demo_queries_60], {"max_concurrency": 16})
+    got = []
+    for out in outs:
+        text = message_text(out["messages"][-1])
+        got.append((out["speceyes"]["route"], extract_answer(text) or text.strip() or None))
+    want = [(e["route"], e["answer"]) for e in expected]
+    assert {r for r, _ in want} == {"speculative", "rejected-agentic", "judged-agentic"}
+    assert got == want
