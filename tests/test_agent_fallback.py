@@ -81,6 +81,15 @@ def test_a_rejected_draft_goes_to_the_given_agent(scene):
     assert out["draft"]["accepted"] is False
 
 
+def one_node_agent(step):
+    """A user's own agent: a compiled StateGraph over messages with one node."""
+    builder = StateGraph(MessagesState)
+    builder.add_node("step", step)
+    builder.add_edge(START, "step")
+    builder.add_edge("step", END)
+    return builder.compile()
+
+
 def test_a_users_own_messages_graph_is_the_fallback(scene):
     seen = []
 
@@ -88,12 +97,8 @@ def test_a_users_own_messages_graph_is_the_fallback(scene):
         seen.append(state["messages"])
         return {"messages": [AIMessage(content="It is red.")]}
 
-    builder = StateGraph(MessagesState)
-    builder.add_node("answer", answer)
-    builder.add_edge(START, "answer")
-    builder.add_edge("answer", END)
     graph = create_speceyes_graph(
-        judge=judge("yes"), speculator=speculator("A"), agent=builder.compile()
+        judge=judge("yes"), speculator=speculator("A"), agent=one_node_agent(answer)
     ).compile()
     out = graph.invoke(query(scene))
     assert out["answer"] == "It is red." and out["error"] is None
@@ -118,12 +123,8 @@ def test_the_given_agents_errors_are_the_querys(scene):
     def silent(state: MessagesState):
         return {"messages": [AIMessage(content="", tool_calls=[{"name": "x", "args": {}, "id": "1"}])]}
 
-    builder = StateGraph(MessagesState)
-    builder.add_node("silent", silent)
-    builder.add_edge(START, "silent")
-    builder.add_edge("silent", END)
     out = create_speceyes_graph(
-        judge=judge("yes"), speculator=speculator("A"), agent=builder.compile()
+        judge=judge("yes"), speculator=speculator("A"), agent=one_node_agent(silent)
     ).compile().invoke(query(scene))
     assert out["answer"] is None and "not an answer" in out["error"]
 
