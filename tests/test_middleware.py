@@ -236,12 +236,35 @@ def test_nothing_the_thread_stores_holds_pixels(scene):
     assert found[True] == []
 
 
-def test_the_zoom_tool_reads_the_turns_image_in_any_messages_agent(scene):
-    """No middleware at all: the tool finds the pasted image in the agent's messages."""
-    out = create_agent(large_model(), [make_zoom_tool()]).invoke(turn(scene, TINY))
-    result = next(m for m in out["messages"] if isinstance(m, ToolMessage))
-    assert result.status != "error" and "region [" in message_text(result)
-    assert any(b.get("type") == "image" for b in result.content)
+def test_the_packages_tools_read_the_turns_image_in_any_messages_agent(tmp_path):
+    """No middleware at all: zoom, crop and OCR find the pasted image in the agent's
+    messages (one turn calls all three)."""
+    import cv2
+    import numpy as np
+
+    from speceyes_tools.tesseract import make_ocr_tool
+    from speceyes_tools.vision import make_crop_tool
+
+    image = np.full((240, 640, 3), 255, np.uint8)
+    cv2.putText(image, "SPECEYES", (40, 150), cv2.FONT_HERSHEY_SIMPLEX, 3, (0, 0, 0), 8)
+    path = tmp_path / "sign.png"
+    cv2.imwrite(str(path), image)
+    box = [0, 0, 640, 240]
+    calls = [{"name": n, "args": {"bbox": box}, "id": n} for n in ("zoom", "crop", "ocr")]
+
+    def respond(msgs):
+        if isinstance(msgs[-1], ToolMessage):
+            return "<answer>done</answer>"
+        return AIMessage(content="", tool_calls=calls)
+
+    tools = [make_zoom_tool(), make_crop_tool(), make_ocr_tool()]
+    out = create_agent(ScriptedChatModel(respond=respond), tools).invoke(turn(str(path), "Read it"))
+    results = {m.name: m for m in out["messages"] if isinstance(m, ToolMessage)}
+    assert set(results) == {"zoom", "crop", "ocr"}
+    assert all(r.status != "error" for r in results.values()), results
+    for name in ("zoom", "crop"):
+        assert any(b.get("type") == "image" for b in results[name].content)
+    assert "SPECEYES" in message_text(results["ocr"]).replace(" ", "").upper()
 
 
 class Seen(AgentMiddleware):
