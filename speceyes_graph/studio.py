@@ -18,10 +18,11 @@
 Models come from the environment, so the same file serves a laptop and a cluster:
 
 - ``SPECEYES_SMALL_URL``, ``SPECEYES_SMALL_MODEL``, ``SPECEYES_LARGE_URL``,
-  ``SPECEYES_LARGE_MODEL``: OpenAI-compatible servers (vLLM / SGLang), asked at start-up
-  which checkpoints they serve (image frame, context length; a speculator's server with too
-  few log-probs fails the start with the flag to set); the shipped demo checkpoints behind
-  servers get the prompts they were trained on;
+  ``SPECEYES_LARGE_MODEL``: OpenAI-compatible servers (vLLM / SGLang, or a router in front
+  of replicas), asked at start-up which checkpoints they serve (image frame, context length;
+  a speculator's server with too few log-probs fails the start with the flag to set, and so
+  does one whose frame cannot be established: ``SPECEYES_DEFAULT_FRAME=1`` accepts 1 MP);
+  the shipped demo checkpoints behind servers get the prompts they were trained on;
 - else ``SPECEYES_SMALL_PATH`` and ``SPECEYES_LARGE_PATH``: local checkpoints
   (transformers);
 - else ``SPECEYES_MODELS=example``: the scripted example models;
@@ -97,6 +98,7 @@ def served_models() -> dict[str, Any]:
             env("SPECEYES_LARGE_MODEL", "large"),
             top_logprobs=gate.k,
             agent_max_tokens=2048 if thyme else 512,
+            default_frame=env("SPECEYES_DEFAULT_FRAME", "") == "1",
         )
         if serves_the_demo(models):  # the shipped checkpoints behind servers: their prompts
             from speceyes_graph.demo import DEMO_GRAPH_SETTINGS

@@ -369,13 +369,44 @@ def test_the_client_asks_the_server_what_it_serves():
 def test_a_server_that_silently_returns_fewer_log_probs_is_reported():
     from speceyes_graph.models.served import ServedModelError
 
-    with ReplayServer(make_respond(cap=20), models=[served_entry("small", "x/y")]) as server:
+    entry = served_entry("small", "Qwen/Qwen3-VL-2B-Instruct")
+    with ReplayServer(make_respond(cap=20), models=[entry]) as server:
         with pytest.raises(
             ServedModelError,
             match="returned 20 top log-probs of 64; start it with --max-logprobs 64",
         ):
             openai_chat_model(server.url, "small", top_logprobs=64)
         openai_chat_model(server.url, "small", top_logprobs=20)  # enough for k=20
+
+
+def test_a_server_that_cannot_say_its_frame_is_refused_with_the_fixes():
+    """A reachable server whose listing is not OpenAI's (vllm-router --enable-igw lists
+    {"models": [...]}), or whose entry names no checkpoint, serving a name of no known family:
+    refused when the client is built, naming each way on; each works, and the top-log-probs
+    check runs whatever the listing said."""
+    from speceyes_graph.models.families import FAMILIES
+    from speceyes_graph.models.served import ServedModelError
+
+    with ReplayServer(make_respond(cap=20), models={"models": ["small", "large"]}) as server:
+        with pytest.raises(ServedModelError, match="not OpenAI's listing") as refused:
+            openai_chat_model(server.url, "small")
+        for fix in ("resize=", "?max_pixels=", "default_frame=True", "one router"):
+            assert fix in str(refused.value)
+        assert openai_chat_model(server.url, "small", default_frame=True).resize_spec == ResizeSpec()
+        frame = ResizeSpec(factor=32, min_pixels=4096, max_pixels=65536)
+        assert openai_chat_model(server.url, "small", resize=frame).resize_spec is frame
+        named = openai_chat_model(server.url, "Qwen/Qwen3-VL-2B-Instruct")  # a family: its frame
+        assert named.resize_spec == FAMILIES["qwen3-vl"]
+        with pytest.raises(ServedModelError, match="returned 20 top log-probs of 64"):
+            openai_chat_model(server.url, "small", top_logprobs=64, default_frame=True)
+    with ReplayServer(make_respond(), models=[served_entry("small", None)]) as server:
+        with pytest.raises(ServedModelError, match="names no checkpoint"):
+            openai_chat_model(server.url, "small")
+    with ReplayServer(make_respond(), models=[served_entry("small", "acme/vision-9")]) as server:
+        with pytest.raises(ServedModelError, match="'acme/vision-9' is no folder"):
+            openai_chat_model(server.url, "small")
+    # a server not reached yet (it may start after the graph): the default, warned
+    assert openai_chat_model("http://127.0.0.1:9/v1", "small").resize_spec == ResizeSpec()
 
 
 def test_a_checkpoint_folder_the_server_names_gives_its_own_frame(tmp_path):

@@ -76,8 +76,9 @@ def completion(model, content=None, tool_calls=None, logprobs=None):
 
 
 class ReplayServer:
-    """``models``: entries for ``GET /v1/models`` (vLLM's shape: id, root, max_model_len);
-    without them the server has no such route, as some OpenAI-compatible servers."""
+    """``models``: entries for ``GET /v1/models`` (vLLM's shape: id, root, max_model_len),
+    or a dict sent as the whole listing (a router's own shape); without them the server has
+    no such route, as some OpenAI-compatible servers."""
 
     def __init__(self, respond, models=None):
         self.respond = respond
@@ -96,7 +97,10 @@ class ReplayServer:
                 if server.models is None or not self.path.endswith("/models"):
                     self.send_error(404)
                     return
-                data = json.dumps({"object": "list", "data": server.models}).encode()
+                listing = server.models
+                if not isinstance(listing, dict):
+                    listing = {"object": "list", "data": listing}
+                data = json.dumps(listing).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

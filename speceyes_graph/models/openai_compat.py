@@ -43,6 +43,7 @@ def openai_chat_model(
     resize: ResizeSpec | None = None,
     context_length: int | None = None,
     probe: bool = True,
+    default_frame: bool = False,
     **kwargs: Any,
 ) -> ServedChatModel:
     """A greedy ``ChatOpenAI`` client for one served model (``top_logprobs`` for speculators).
@@ -50,8 +51,11 @@ def openai_chat_model(
     With ``probe`` (the default) the server is asked what it serves (:mod:`.served`): the
     image frame and context length come from the checkpoint it loaded, and a speculator's
     server that returns fewer than ``top_logprobs`` log-probs raises
-    :class:`~speceyes_graph.models.served.ServedModelError` here, naming the flag to set.
-    ``resize`` and ``context_length`` override what the server says.
+    :class:`~speceyes_graph.models.served.ServedModelError` here, naming the flag to set,
+    whatever the server's listing says. ``resize`` and ``context_length`` override what the
+    server says. A server that answers but does not say which checkpoint it serves, for a
+    name of no known family, is refused (the images' frame is unknown) unless ``resize`` or
+    ``default_frame=True`` (images at most 1 MP: hosted APIs that resize them) says it.
     """
     try:
         from .served_chat import ServedChatModel
@@ -60,7 +64,9 @@ def openai_chat_model(
             "serving needs langchain-openai: pip install 'speceyes-graph[openai]'"
         ) from exc
     info = describe_served_model(base_url, model, api_key=api_key) if probe else None
-    if probe and info is not None and top_logprobs:
+    if resize is None:
+        resize = served_resize(model, info, default_frame=default_frame, url=base_url)
+    if info is not None and top_logprobs:  # whatever its listing said (None: not reached)
         check_top_logprobs(base_url, model, top_logprobs, api_key=api_key)
     if top_logprobs:
         kwargs.update(logprobs=True, top_logprobs=top_logprobs)
@@ -73,7 +79,7 @@ def openai_chat_model(
         max_completion_tokens=max_tokens,  # ChatOpenAI's alias of max_tokens
         timeout=timeout,
         max_retries=max_retries,
-        resize_spec=resize or served_resize(model, info),
+        resize_spec=resize,
         context_length=context_length or (info.max_model_len if info else None),
         served_root=info.root if info else None,
         **kwargs,
@@ -94,6 +100,7 @@ def openai_models(
     resize: ResizeSpec | None = None,
     speculator_resize: ResizeSpec | None = None,
     probe: bool = True,
+    default_frame: bool = False,
 ) -> dict[str, Any]:
     """``{"speculator", "agent", "resize", "speculator_resize"}`` for
     ``create_speceyes_graph(**openai_models(...))``.
@@ -102,9 +109,15 @@ def openai_models(
     tokens and the speculator for 20 per call. Images are sent in the frame of each server's
     own checkpoint, asked of the server (``probe``), else within the model family's limits
     (:mod:`.families`: Qwen2.5-VL / DeepEyes up to 12,845,056 pixels), not shrunk to a
-    megapixel; ``resize`` / ``speculator_resize`` override both.
+    megapixel; ``resize`` / ``speculator_resize`` override both, and ``default_frame`` accepts
+    the 1 MP default where neither the server nor the name says the frame.
     """
-    common: dict[str, Any] = {"timeout": timeout, "max_retries": max_retries, "probe": probe}
+    common: dict[str, Any] = {
+        "timeout": timeout,
+        "max_retries": max_retries,
+        "probe": probe,
+        "default_frame": default_frame,
+    }
     speculator = openai_chat_model(
         small_url,
         small_model,

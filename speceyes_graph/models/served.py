@@ -16,6 +16,12 @@ length (``max_model_len``):
 
 A server that cannot be reached yet (it may start after the graph) is not an error here: the
 graph falls back to the name, and a missing log-prob is still caught per draft by the gate.
+A server that answers but cannot say which checkpoint it serves (a router that lists models
+its own way, such as vllm-router's ``--enable-igw`` ``{"models": [...]}``; an entry without
+a checkpoint) while the name is of no known family *is* an error: the images would go out at
+a megapixel, quietly worse, so the model is refused when it is built, with the ways to say
+the frame (``resize=``, ``?max_pixels=`` in an ``openai:`` spec) or to accept the default
+(``default_frame=True``, for a hosted API that resizes images itself).
 """
 
 from __future__ import annotations
@@ -51,11 +57,13 @@ class ServedModelError(ValueError):
 
 @dataclass(frozen=True)
 class ServedModelInfo:
-    """One entry of the server's ``/v1/models``."""
+    """One entry of the server's ``/v1/models``; ``listing``: what the server listed when it
+    was not OpenAI's listing (no entry, no root: the server answered but said nothing)."""
 
     name: str
     root: str | None  # the checkpoint the server loaded: a hub id or a folder
     max_model_len: int | None
+    listing: str | None = None  # a listing that is not OpenAI's, as the server sent it
 
 
 def _request(url: str, api_key: str, timeout: float, body: dict | None = None) -> Any:
@@ -88,8 +96,8 @@ def describe_served_model(
         log.warning("could not ask %s about %r (%s); going by the name", base_url, name, exc)
         return None
     entries = listing.get("data") if isinstance(listing, Mapping) else None
-    if not isinstance(entries, list):
-        return None
+    if not isinstance(entries, list):  # a router's own listing (vllm-router --enable-igw)
+        return ServedModelInfo(name, None, None, listing=json.dumps(listing)[:200])
     ids = [e.get("id") for e in entries if isinstance(e, Mapping)]
     for entry in entries:
         if isinstance(entry, Mapping) and entry.get("id") == name:
@@ -132,8 +140,14 @@ def _checkpoint_resize(folder: Path) -> ResizeSpec | None:
     return None
 
 
-def served_resize(name: str, info: ServedModelInfo | None) -> ResizeSpec:
-    """How the server's processor resizes images: from its checkpoint, else by family."""
+def served_resize(
+    name: str, info: ServedModelInfo | None, *, default_frame: bool = False, url: str = ""
+) -> ResizeSpec:
+    """How the server's processor resizes images: from its checkpoint, else by family.
+
+    When neither says and the server answered (``info``), the frame cannot be established:
+    :class:`ServedModelError`, naming the fixes, unless ``default_frame`` accepts the 1 MP
+    default. A server not reached yet gets the default with a warning (it may start later)."""
     root = info.root if info else None
     if root:
         folder = Path(root).expanduser()
@@ -147,11 +161,31 @@ def served_resize(name: str, info: ServedModelInfo | None) -> ResizeSpec:
     family = family_of(name)
     if family:
         return FAMILIES[family]
+    if default_frame:
+        return ResizeSpec()
+    if info is not None:
+        if info.listing is not None:
+            said = (
+                f"its /v1/models is not OpenAI's listing ({info.listing}: a router that serves "
+                "several models, such as vllm-router --enable-igw?)"
+            )
+        elif root:
+            said = f"its checkpoint {root!r} is no folder this machine reads, of no known family"
+        else:
+            said = "its /v1/models entry names no checkpoint"
+        raise ServedModelError(
+            f"cannot tell how {url or 'the server'} resizes the images of {name!r}: {said}, and "
+            "the name is of no known model family. Say it: resize=ResizeSpec(factor=..., "
+            "min_pixels=..., max_pixels=...) (or ?max_pixels=... in an openai: spec), serve it "
+            "under its checkpoint's name, put one router in front of each model, or pass "
+            f"default_frame=True to send images at most {ResizeSpec().max_pixels} pixels (for a "
+            "hosted API that resizes them itself)"
+        )
     log.warning(
-        "unknown model family for %r%s: images go out at most %d pixels; pass resize= "
-        "(or ?max_pixels= in an openai: spec) with what its processor uses",
+        "could not ask the server about %r and its family is unknown: images go out at most "
+        "%d pixels; pass resize= (or ?max_pixels= in an openai: spec) with what its processor "
+        "uses",
         name,
-        f" (checkpoint {root})" if root else "",
         ResizeSpec().max_pixels,
     )
     return ResizeSpec()

@@ -1,4 +1,5 @@
-"""Serving engines started from Python, for the demo and the tests: vLLM and SGLang.
+"""Serving engines started from Python, for the demo and the tests: vLLM (and vllm-router in
+front of its replicas) and SGLang.
 
 Deployments start their servers themselves (the deployment guide); this module is for the
 places where we start the engine a user would deploy on this machine: ``speceyes
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +35,7 @@ __all__ = [
     "EngineNotInstalled",
     "EngineServer",
     "SGLangServer",
+    "VLLMRouter",
     "VLLMServer",
     "find_engine_python",
     "start_servers",
@@ -244,6 +247,72 @@ class VLLMServer(EngineServer):
         return {"VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "VLLM_NO_USAGE_STATS": "1"}
 
 
+class VLLMRouter(EngineServer):
+    """``vllm-router`` (the ``vllm-router`` package, installed beside vLLM) in front of
+    replicas of one model: requests balanced by ``policy`` (``cache_aware``, the default:
+    requests sharing a prefix go to the replica that cached it, so an agent loop's growing
+    transcript stays where its KV cache is; ``round_robin``, ...), a failed send retried on
+    another replica. ``workers``: the replicas (engine servers, or base URLs without
+    ``/v1``). ``igw=True``: the router's multi-model mode (``--enable-igw``), its workers
+    registered once it is up; its ``/v1/models`` is not OpenAI's listing (see
+    :mod:`.served`)."""
+
+    engine = "vllm"
+
+    def __init__(
+        self,
+        workers: Sequence[EngineServer | str],
+        *,
+        policy: str = "cache_aware",
+        igw: bool = False,
+        **kwargs: Any,
+    ):
+        super().__init__(f"vllm-router[{policy}]", name="router", **kwargs)
+        self.workers, self.policy, self.igw = list(workers), policy, igw
+
+    def worker_urls(self) -> list[str]:
+        return [w if isinstance(w, str) else w.url.removesuffix("/v1") for w in self.workers]
+
+    def command(self, python: str) -> list[str]:
+        router = Path(python).parent / "vllm-router"
+        if not router.exists():
+            raise EngineNotInstalled(
+                f"vllm-router is not installed beside {python}: pip install vllm-router "
+                "(scripts/setup-vllm.sh installs it)"
+            )
+        return [
+            str(router), "--host", self.host, "--port", str(self.port),
+            "--prometheus-port", str(_free_port(self.host)), "--policy", self.policy,
+            *(["--enable-igw"] if self.igw else ["--worker-urls", *self.worker_urls()]),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def ready(self) -> bool:
+        path = "/health" if self.igw else "/v1/models"  # IGW: no model until workers register
+        try:
+            with urllib.request.urlopen(self.url.removesuffix("/v1") + path, timeout=2) as r:
+                return r.status == 200
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def wait(self) -> EngineServer:
+        super().wait()
+        for url in self.worker_urls() if self.igw else ():
+            query = urllib.parse.urlencode({"url": url})
+            request = urllib.request.Request(
+                f"{self.url.removesuffix('/v1')}/add_worker?{query}", method="POST"
+            )
+            with urllib.request.urlopen(request, timeout=30):
+                pass
+        return self
+
+    def models(self) -> list[Any]:
+        """The router's ``/v1/models``: OpenAI's entries, or (IGW) the models' names."""
+        with urllib.request.urlopen(f"{self.url}/models", timeout=10) as r:
+            listing = json.load(r)
+        return list(listing.get("data", listing.get("models", [])))
+
+
 # SGLang imports one vLLM kernel on a CPU without its CPU engine; never called (see there)
 SGLANG_CPU_SHIM = _CHECKOUT / "scripts" / "sglang_cpu"
 
@@ -281,7 +350,7 @@ def start_servers(servers: Sequence[EngineServer]) -> list[EngineServer]:
         for server in servers:
             server.start()
         with ThreadPoolExecutor(len(servers) or 1) as pool:
-            list(pool.map(EngineServer.wait, servers))
+            list(pool.map(lambda server: server.wait(), servers))
     except BaseException:
         for server in servers:
             server.stop()
