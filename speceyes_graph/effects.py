@@ -106,11 +106,16 @@ class Blocking(Request):
 
     fn: Callable[..., Any]
     args: tuple = ()
+    # True when the work is only lookups now (the images it needs already resized): then
+    # the async driver runs it in place, since a thread hop would cost more than the work
+    ready: Callable[[], bool] | None = None
 
     def run(self) -> Any:
         return self.fn(*self.args)
 
     async def arun(self) -> Any:
+        if self.ready is not None and self.ready():
+            return self.fn(*self.args)
         return await asyncio.to_thread(self.fn, *self.args)
 
 

@@ -46,7 +46,7 @@ from speceyes_tools.deadlines import check_deadline, deadline_scope
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store, store_scope
 
 from .effects import Blocking, ModelCall, Steps
-from .messages import bare_model, for_model, user_message
+from .messages import accepts_image_refs, bare_model, for_model, user_message
 from .prompts import Prompts
 from .protocol import message_text, parse_judge
 from .separability import GateConfig
@@ -114,19 +114,30 @@ def ask(
     timeout: float | None = None,
     deadline: float | None = None,
     inline: bool | None = None,
+    ready: Callable[[], bool] | None = None,
     **kwargs: Any,
 ) -> Steps:
     """One model call within ``timeout`` and the query's ``deadline`` (absolute,
     ``time.time()``): the messages are built (images resized, read, encoded) off the event
     loop, then the call is made. ``inline``: the model bounds its own waits
-    (:func:`handles_deadlines`; looked up when None). ``kwargs`` go to the model
-    (``max_tokens``, ``announced``)."""
+    (:func:`handles_deadlines`; looked up when None). ``ready``: says when building the
+    messages is only lookups (then it runs in place, on the event loop). ``kwargs`` go to
+    the model (``max_tokens``, ``announced``)."""
     if inline is None:
         inline = handles_deadlines(model)
     with deadline_scope(deadline), store_scope(store):
         check_deadline(what)
-        wire = yield Blocking(lambda: for_model(messages(), model, store))
+        wire = yield Blocking(lambda: for_model(messages(), model, store), ready=ready)
         return (yield ModelCall(model, wire, what, timeout=timeout, inline=inline, kwargs=kwargs))
+
+
+def _views_ready(
+    model: Any, query: Mapping[str, Any], frame: ResizeSpec, store: ImageStore
+) -> Callable[[], bool]:
+    """Whether a prompt over the query's images is only lookups: a model that takes image
+    references, and every image already resized to its frame (a second question on an
+    image, an agent turn, a retried query)."""
+    return lambda: accepts_image_refs(model) and store.has_views(query.get("images") or (), frame)
 
 
 def _frame(model: Any, resize: ResizeSpec | None) -> ResizeSpec:
@@ -176,7 +187,12 @@ def judge(
     if max_tokens:
         call["max_tokens"] = max_tokens
     reply = yield from ask(
-        model, lambda: judge_messages(query, prompts, frame, store), "judge", store=store, **call
+        model,
+        lambda: judge_messages(query, prompts, frame, store),
+        "judge",
+        store=store,
+        ready=_views_ready(model, query, frame, store),
+        **call,
     )
     output = message_text(reply).strip()
     return Judgement(tools_needed=not parse_judge(output), output=output)
@@ -208,6 +224,7 @@ def draft(
             lambda: draft_messages(query, prompts, frame, store),
             "speculator",
             store=store,
+            ready=_views_ready(model, query, frame, store),
             **call,
         )
     )

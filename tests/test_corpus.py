@@ -57,5 +57,9 @@ def test_every_difference_from_pillow_has_a_reason(corpus_results):
     differs = [r for r in corpus_results if r["pillow"] == "differs"]
     unexplained = [r for r in differs if r["pillow_reason"].startswith(("unexplained", "shape"))]
     assert not unexplained, [(Path(r["file"]).name, r["pillow_reason"]) for r in unexplained]
-    # the known reasons: wide samples by their declared depth, floats as 0.0-1.0
-    assert all("samples" in r["pillow_reason"] for r in differs)
+    # the known reasons: wide samples by their declared depth, floats as 0.0-1.0, and files
+    # Pillow cannot read that OpenCV does (speceyes_tools.formats: a TIFF variant)
+    assert all(
+        "samples" in r["pillow_reason"] or r["pillow_reason"].startswith("Pillow cannot read it")
+        for r in differs
+    )

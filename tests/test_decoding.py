@@ -201,10 +201,10 @@ def test_what_this_host_cannot_read_is_named_as_such(tmp_path):
     eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n%%EndComments\nshowpage\n"
     svg = b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"/>'
     cases = {
-        "photo.heic": (heif, "(HEIF): no HEIF decoder is installed"),
+        "photo.heic": (heif, "(HEIF): it needs a HEIF decoder (the pillow-heif plugin)"),
         "drawing.wmf": (wmf, "(WMF): Pillow renders them only on Windows"),
         "figure.eps": (eps, "(EPS): Ghostscript is not installed"),
-        "logo.svg": (svg, "(SVG): SVG is a vector format"),
+        "logo.svg": (svg, "(SVG): it needs a vector renderer"),
     }
     from PIL import EpsImagePlugin
 

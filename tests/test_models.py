@@ -125,8 +125,9 @@ def test_logprobs_in_openai_format_agree_with_raw_logits(tiny_chat, scenes):
 
 def test_batched_equals_unbatched(tiny_chat, tiny_models, scenes, monkeypatch):
     small = tiny_chat["small"]
-    # the five are announced by batch() and prepared one by one; on a loaded CI core that
-    # can take longer than the 0.5 s a batch waits for announced requests (it did, once)
+    # the five are announced by batch() before its threads start, then prepared one by
+    # one; on a loaded CI core that can take longer than the 0.5 s a batch waits for
+    # announced requests (it did, once)
     monkeypatch.setattr(small.scheduler, "max_expect_s", 10.0)
     unbatched = ChatTransformersVLM(
         model=str(tiny_models["small"]), top_logprobs=16, max_new_tokens=6, max_batch_size=1

@@ -469,3 +469,57 @@ def test_the_cpu_gate_goes_by_deadline_and_is_reentrant():
     for w in [t, *waiters]:
         w.join(timeout=10)
     assert order == ["early", "middle", "late"]
+
+
+def test_langchain_content_block_types_are_computed_once():
+    """langchain-core recomputes these type hints for every image block it traces; the
+    package computes them once (speceyes_graph.messages): the same answer, and tracing
+    formats our image blocks as it did."""
+    from langchain_core.language_models.chat_models import _format_for_tracing
+    from langchain_core.messages import HumanMessage, content
+
+    import speceyes_graph.messages  # noqa: F401 - importing the package applies it
+
+    cached = content._get_data_content_block_types
+    assert hasattr(cached, "cache_info")
+    assert cached() == cached.__wrapped__() and "image" in cached()
+    block = {"type": "image", "url": "blob://abc", "mime_type": "image/png"}
+    traced = _format_for_tracing([HumanMessage(content=[block])])[0]
+    assert traced.content[0] == {"type": "image_url", "image_url": {"url": "blob://abc"}}
+
+
+def test_prompts_over_resized_images_skip_the_thread_hop(tmp_path, monkeypatch):
+    """abatch builds a prompt in a worker thread only while its images still need resizing:
+    asked again about the same images (POPE asks three questions per image; an agent turn
+    reuses the view), the judge's and the draft's prompts are lookups, built in place. The
+    answers are the same either way."""
+    import asyncio
+
+    from speceyes_graph.benchmarks.throughput import _Instant
+
+    paths = [_image(tmp_path, f"i{i}.png", 200 + 10 * i, 150, i)[0] for i in range(3)]
+    reply = AIMessage(content="A", response_metadata={"logprobs": fake_logprobs(["A"], [9.0])})
+    store = ImageStore()
+    graph = create_speceyes_graph(
+        judge=_Instant(respond=lambda m: "no"),
+        speculator=_Instant(respond=lambda m: reply),
+        agent=_Instant(respond=lambda m: "A"),
+        store=store,
+    ).compile()
+    hops = []
+    real = asyncio.to_thread
+
+    async def counted(fn, *args, **kwargs):
+        hops.append(getattr(fn, "__qualname__", ""))
+        return await real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", counted)
+    queries = [{"question": f"q{i}", "images": [p]} for i, p in enumerate(paths)]
+    first = asyncio.run(graph.abatch(queries))
+    # intake's decode, then the judge's resize; the draft's frame is the same here: a lookup
+    assert len(hops) == 2 * len(queries), hops
+    hops.clear()
+    again = asyncio.run(graph.abatch([{**q, "question": q["question"] + "?"} for q in queries]))
+    assert len(hops) == len(queries) and all("check_and_decode" in h for h in hops), hops
+    assert [o["answer"] for o in again] == [o["answer"] for o in first] == ["A"] * 3
+    assert [o["route"] for o in again] == ["speculative"] * 3

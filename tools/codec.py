@@ -18,7 +18,9 @@ so a store can refuse or wait *before* anything is allocated. Plain PNG and JPEG
 into one NumPy buffer with OpenCV (Pillow peaks at about three frames for an 8K decode);
 everything else through Pillow. Every failure, whatever the decoder raised, is an
 :class:`~speceyes_tools.sources.ImageLoadError` naming the image and the cause; a codec
-this host lacks (HEIF, JPEG XL, EPS without Ghostscript, WMF, GRIB ...) is named as such.
+this host lacks (HEIF, JPEG XL, EPS without Ghostscript, WMF, GRIB ...) is named as such, and
+formats Pillow does not read at all are recognised by their signature
+(:mod:`speceyes_tools.formats`): named with what would read them, and read where OpenCV can.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 import numpy as np
-from PIL import Image, ImageFile, features
+from PIL import Image, ImageFile
 
+from .formats import Signature, declared_size, identify, read_pixels
 from .sources import ImageLoadError
 
 __all__ = [
@@ -120,6 +123,10 @@ class ImageHeader:
     orientation: int
     bits: int
     decode_bytes: int
+    # set for a format Pillow cannot read (:mod:`speceyes_tools.formats`): what reads it here
+    # (``"opencv"``, ``"farbfeld"``) and, when nothing does, the refusal that names what would
+    reader: str = "pillow"
+    refusal: str | None = None
 
     @property
     def pixels(self) -> int:
@@ -242,66 +249,6 @@ def _pillow_cost(im: Image.Image, orientation: int, data: bytes | None) -> int:
     return _DECODER_STATE + pixels * (native + decoder + 4 + 6) + embedded
 
 
-@dataclass(frozen=True)
-class _Codec:
-    """Recognised by its first bytes when Pillow cannot identify it."""
-
-    name: str
-    test: Callable[[bytes], bool]
-    needs: str
-    feature: str | None = None  # Pillow's name for it, when Pillow may have been built with it
-
-
-_HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"mif1", b"msf1"}
-_UNREADABLE = [
-    _Codec(
-        "HEIF",
-        lambda d: d[4:8] == b"ftyp" and d[8:12] in _HEIF_BRANDS,
-        "no HEIF decoder is installed (the pillow-heif plugin)",
-    ),
-    _Codec(
-        "AVIF",
-        lambda d: d[4:8] == b"ftyp" and d[8:12] in (b"avif", b"avis"),
-        "this Pillow was built without AVIF support",
-        "avif",
-    ),
-    _Codec(
-        "JPEG XL",
-        lambda d: d.startswith(b"\xff\x0a") or d.startswith(b"\x00\x00\x00\x0cJXL \r\n\x87\n"),
-        "no JPEG XL decoder is installed (a Pillow plugin such as pillow-jxl-plugin)",
-    ),
-    _Codec(
-        "JPEG 2000",
-        lambda d: (
-            d.startswith(b"\x00\x00\x00\x0cjP  \r\n\x87\n") or d.startswith(b"\xff\x4f\xff\x51")
-        ),
-        "this Pillow was built without OpenJPEG",
-        "jpg_2000",
-    ),
-    _Codec(
-        "WebP",
-        lambda d: d[:4] == b"RIFF" and d[8:12] == b"WEBP",
-        "this Pillow was built without libwebp",
-        "webp",
-    ),
-    _Codec(
-        "SVG",
-        lambda d: b"<svg" in d[:4096].lower(),
-        "SVG is a vector format; this server reads raster images only",
-    ),
-    _Codec("PDF", lambda d: d.startswith(b"%PDF"), "PDF is a document; send its pages as images"),
-]
-
-
-def _unreadable(data: bytes, name: str) -> ImageLoadError | None:
-    for codec in _UNREADABLE:
-        if codec.test(data) and not (codec.feature and features.check(codec.feature)):
-            return ImageLoadError(
-                f"this server cannot read image {name} ({codec.name}): {codec.needs}"
-            )
-    return None
-
-
 def _missing_decoder(im: Image.Image, name: str) -> ImageLoadError | None:
     """A format Pillow identifies but this host cannot decode, named with what it lacks."""
     fmt = im.format or "this format"
@@ -330,11 +277,40 @@ def read_header(data: bytes, name: str = "image") -> ImageHeader:
             with Image.open(io.BytesIO(data)) as im:
                 return _header_of(im, data)
     except Exception as exc:
+        if isinstance(exc, Image.DecompressionBombError):
+            size = declared_size(data)  # the caller's pixel limit speaks first, if lower
+            if size is not None:
+                return _refused(size, _failure(exc, name, None))
         if isinstance(exc, Image.UnidentifiedImageError):
-            known = _unreadable(data, name)
-            if known is not None:
-                raise known from None
+            signature = identify(data)
+            if signature is not None:
+                return _signature_header(signature, name)
         raise _failure(exc, name, None) from None
+
+
+def _refused(size: tuple[int, int], error: ImageLoadError, fmt: str = "?") -> ImageHeader:
+    """The header of a file that will be refused once its size has passed the caller's
+    limit: that limit's message is the more useful one when both apply."""
+    return ImageHeader(fmt, "?", size[0], size[1], 1, 8, 0, reader="", refusal=str(error))
+
+
+def _signature_header(signature: Signature, name: str) -> ImageHeader:
+    """A format Pillow cannot read: priced for its reader here, or refused naming what would
+    read it (after the size check, when the header declares a size)."""
+    fmt = signature.format
+    if signature.reader is None or signature.size is None:
+        why = (
+            f"this server cannot read image {name} ({fmt}): it needs {signature.needs}"
+            if signature.reader is None
+            else f"image {name} ({fmt}) is corrupt or truncated: its header declares no size"
+        )
+        if signature.size is None:
+            raise ImageLoadError(why)
+        return _refused(signature.size, ImageLoadError(why), fmt)
+    w, h = signature.size
+    # the decoder's frame in up to four float32 channels, its 8-bit conversions and the copy
+    decode_bytes = _DECODER_STATE + w * h * (16 + 16 + 6)
+    return ImageHeader(fmt, "?", w, h, 1, 8, decode_bytes, reader=signature.reader)
 
 
 def _header_of(im: Image.Image, data: bytes | None) -> ImageHeader:
@@ -481,6 +457,10 @@ def decode_image(
             f"image {name} is {header.width}x{header.height} ({header.pixels / 1e6:.1f} MP); "
             f"the limit is {max_pixels / 1e6:.0f} MP"
         )
+    if header.refusal is not None:
+        raise ImageLoadError(header.refusal)
+    if header.reader != "pillow":
+        return _read_signature(data, name, header)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -507,3 +487,22 @@ def decode_image(
                 return upright(_to_rgb(im, header.bits), left)
     except Exception as exc:
         raise _failure(exc, name, header) from None
+
+
+def _read_signature(data: bytes, name: str, header: ImageHeader) -> np.ndarray:
+    signature = identify(data)
+    arr = read_pixels(data, signature) if signature is not None else None
+    if arr is None and header.reader != "opencv":  # a reader of our own: the bytes are short
+        raise ImageLoadError(f"image {name} ({header.format}) is corrupt or truncated")
+    if arr is None or signature is None:
+        needs = signature.needs if signature is not None else "a decoder"
+        raise ImageLoadError(
+            f"this server cannot read image {name} ({header.format}): it needs {needs} "
+            "(OpenCV here did not decode it: a variant its build lacks, or a damaged file)"
+        )
+    if arr.shape[:2] != (header.height, header.width):  # the price was for the declared size
+        raise ImageLoadError(
+            f"image {name} ({header.format}) is corrupt: its header declares "
+            f"{header.width}x{header.height}, its pixels are {arr.shape[1]}x{arr.shape[0]}"
+        )
+    return arr

@@ -35,7 +35,7 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -423,6 +423,19 @@ class ImageStore:
                 self._views.move_to_end((source, resize))
                 return key
         return self._render_view(ref, resize, source)
+
+    def has_views(self, refs: Sequence[str], resize: ResizeSpec | None) -> bool:
+        """Whether :meth:`model_view` of every reference is a lookup now (its view in this
+        frame made, and its pixels still held): then a prompt over them needs no worker
+        thread. A file is resolved under the policy (a ``stat``); anything refused is
+        False, to fail where the real call does."""
+        try:
+            sources = [ref if is_blob_key(ref) else self._source(ref)[0] for ref in refs]
+        except Exception:  # noqa: BLE001 - the real call reports it
+            return False
+        with self._lock:
+            keys = [self._views.get((source, resize)) for source in sources]
+            return all(key is not None and key in self._cache for key in keys)
 
     def _view_array(self, ref: str, resize: ResizeSpec | None) -> np.ndarray:
         arr = self.get(ref)

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables import RunnableConfig
 
 from speceyes_tools.images import ImageStore, default_store, store_scope
 
@@ -47,6 +48,8 @@ __all__ = [
     "ceiling",
     "compare_speculation",
     "orchestration_ms",
+    "OrchestrationResult",
+    "orchestration_vs_floor",
 ]
 
 
@@ -273,6 +276,96 @@ def orchestration_ms(
             run(q)
         times.append((time.perf_counter() - t0) / len(queries))
     return 1000 * min(times)
+
+
+@dataclass
+class OrchestrationResult:
+    """Host CPU per query with models that answer at once, against LangGraph's own floor."""
+
+    n: int
+    floor_ms: float  # CPU ms per query: LangGraph, five no-op nodes, abatch
+    ours_ms: float  # CPU ms per query: the SpecEyes graph, speculative route, abatch
+    floor_wall_s: float
+    ours_wall_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_ms / self.floor_ms
+
+    def report(self) -> str:
+        return (
+            f"orchestration, abatch of {self.n} in flight, instant models: SpecEyes graph "
+            f"{self.ours_ms:.2f} ms CPU/query ({self.ours_wall_s:.2f} s wall), LangGraph's floor "
+            f"(five no-op nodes) {self.floor_ms:.2f} ms ({self.floor_wall_s:.2f} s) -> "
+            f"{self.ratio:.2f}x the floor"
+        )
+
+
+def _floor_graph(nodes: int = 5) -> Any:
+    """LangGraph's own cost: ``nodes`` async no-op nodes in a line over a one-key state."""
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    class Count(TypedDict):
+        step: int
+
+    async def step(state: Count) -> dict:
+        return {"step": state["step"] + 1}
+
+    graph = StateGraph(Count)
+    previous = START
+    for i in range(nodes):
+        graph.add_node(f"node{i}", step)
+        graph.add_edge(previous, f"node{i}")
+        previous = f"node{i}"
+    graph.add_edge(previous, END)
+    return graph.compile()
+
+
+def _cpu_of(run: Callable[[], Any]) -> tuple[float, float]:
+    """(process CPU seconds, wall seconds) of ``run()``: CPU counts every thread's work."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    run()
+    return time.process_time() - c0, time.perf_counter() - t0
+
+
+def orchestration_vs_floor(
+    queries: Sequence[SpecEyesInput], n: int = 1000, store: ImageStore | None = None, reps: int = 2
+) -> OrchestrationResult:
+    """The graph's host cost (CPU per query, ``abatch`` of ``n`` queries in flight, models
+    answering at once, every query tool-free and accepted: intake, judge, speculate, gate)
+    against LangGraph's floor (five no-op nodes) in the same process, best of ``reps``. The
+    ``n`` queries cycle over ``queries``' images with distinct questions; images are decoded
+    before timing (their decode is measured elsewhere), so what is left is bookkeeping."""
+    reply = AIMessage(content="A", response_metadata={"logprobs": fake_logprobs(["A"], [9.0])})
+    graph = create_speceyes_graph(
+        judge=_Instant(respond=lambda m: "no"),
+        speculator=_Instant(respond=lambda m: reply),
+        agent=_Instant(respond=lambda m: "A"),
+        store=store,
+    ).compile()
+    inputs: list[SpecEyesInput] = [
+        {**queries[i % len(queries)], "question": f"{queries[i % len(queries)]['question']} [{i}]"}
+        for i in range(n)
+    ]
+    floor = _floor_graph()
+    floor_inputs = [{"step": 0} for _ in range(n)]
+    config: RunnableConfig = {"max_concurrency": n}
+    asyncio.run(graph.abatch(inputs[: len(queries)], config))  # warm-up, images decoded
+    asyncio.run(floor.abatch(floor_inputs[:10], config))
+    ours, base = [], []
+    for _ in range(reps):
+        base.append(_cpu_of(lambda: asyncio.run(floor.abatch(floor_inputs, config))))
+        ours.append(_cpu_of(lambda: asyncio.run(graph.abatch(inputs, config))))
+    best, best_floor = min(ours), min(base)
+    return OrchestrationResult(
+        n=n,
+        floor_ms=1000 * best_floor[0] / n,
+        ours_ms=1000 * best[0] / n,
+        floor_wall_s=best_floor[1],
+        ours_wall_s=best[1],
+    )
 
 
 def _through_judge(graph: Any, query: SpecEyesInput) -> None:
