@@ -20,8 +20,12 @@ the machine's CPU went (per process group: vLLM, the LangGraph server, Postgres 
 rest). Prints, asserts nothing.
 
 The setups run in turn, ``--rounds`` times (the figures of one round vary a lot on a small
-machine). Usage: python scripts/bench_serving.py [--runs 128] [--in-flight 64] [--rounds 3]
-    [--setups local,dev,aegra]
+machine). ``--models local`` puts the demo checkpoints in each graph process instead (no vLLM): then
+``dev`` against ``local`` is what a LangGraph server costs over ``graph.abatch`` when the
+runs it holds at once share the batch workers.
+
+Usage: python scripts/bench_serving.py [--runs 128] [--in-flight 64] [--rounds 3]
+    [--setups local,dev,aegra] [--models vllm|local]
 """
 
 from __future__ import annotations
@@ -241,6 +245,13 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--setups", default="local,dev,aegra")
     parser.add_argument("--rounds", type=int, default=3, help="each setup in turn, this often")
+    parser.add_argument(
+        "--models",
+        choices=["vllm", "local"],
+        default="vllm",
+        help="the demo checkpoints on two vLLM servers, or local in each graph process "
+        "(transformers, batched across the runs a worker holds)",
+    )
     args = parser.parse_args()
 
     from speceyes_graph.demo import demo_checkpoints
@@ -249,16 +260,25 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     inputs = demo_inputs(args.runs, folder)
     paths = demo_checkpoints()
-    print(f"starting vLLM servers for the demo checkpoints ({folder}) ...", flush=True)
-    servers = start_servers([VLLMServer(paths[r], name=r) for r in ("small", "large")])
+    os.environ.update(SPECEYES_BLOB_DIR=str(folder / "blobs"), LANGSMITH_TRACING="false")
+    servers = []
+    if args.models == "vllm":
+        print(f"starting vLLM servers for the demo checkpoints ({folder}) ...", flush=True)
+        servers = start_servers([VLLMServer(paths[r], name=r) for r in ("small", "large")])
+        os.environ.update(
+            SPECEYES_SMALL_URL=servers[0].url, SPECEYES_SMALL_MODEL="small",
+            SPECEYES_LARGE_URL=servers[1].url, SPECEYES_LARGE_MODEL="large",
+        )  # fmt: skip
+    else:
+        os.environ.update(
+            SPECEYES_SMALL_PATH=str(paths["small"]), SPECEYES_LARGE_PATH=str(paths["large"])
+        )
     by_name = {s.name: s.url.removesuffix("/v1") for s in servers}
-    os.environ.update(
-        SPECEYES_SMALL_URL=servers[0].url, SPECEYES_SMALL_MODEL="small",
-        SPECEYES_LARGE_URL=servers[1].url, SPECEYES_LARGE_MODEL="large",
-        SPECEYES_BLOB_DIR=str(folder / "blobs"), LANGSMITH_TRACING="false",
-    )  # fmt: skip
-    vllm_groups: dict[str, list[int | str]] = {"vLLM servers": [s.process.pid for s in servers]}
+    vllm_groups: dict[str, list[int | str]] = (
+        {"vLLM servers": [s.process.pid for s in servers]} if servers else {}
+    )
     reference: list | None = None
+    walls: dict[str, list[float]] = {}
     with ExitStack() as cleanup:
         for server in servers:
             cleanup.callback(server.stop)
@@ -273,6 +293,7 @@ def main() -> None:
                     t0 = time.perf_counter()
                     answers = go()
                     wall = time.perf_counter() - t0
+                walls.setdefault(setup, []).append(wall)
                 reference = reference or answers
                 same = sum(a == b for a, b in zip(answers, reference, strict=True))
                 print(f"round {round_} {setup:6s} {args.runs / wall:5.2f} runs/s ({wall:.0f} s; "
@@ -280,6 +301,12 @@ def main() -> None:
                 for name, line in batches.lines.items():
                     print(f"       {name:6s} {line}")
                 print(f"       {cpu.line()}", flush=True)
+        if "local" in walls:
+            best = min(walls["local"])
+            for setup, times in walls.items():
+                if setup != "local":
+                    print(f"{setup} vs local (best of {len(times)} rounds each): "
+                          f"{min(times) / best:.2f}x the in-process time")  # fmt: skip
 
 
 if __name__ == "__main__":

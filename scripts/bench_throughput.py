@@ -21,7 +21,7 @@ against it is its *efficiency* (1.0: the graph costs nothing over the hand-writt
 
 Usage: python3 scripts/bench_throughput.py [--n 64] [--reps 3] [--models tiny demo]
                                            [--parts ceiling speculation orchestration]
-       python3 scripts/bench_throughput.py --quick     # what CI prints (about a minute)
+       python3 scripts/bench_throughput.py --quick     # what CI prints (about 90 s)
 """
 
 from __future__ import annotations
@@ -201,11 +201,11 @@ def main() -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="what CI prints: demo checkpoints, speculation phase and orchestration, one rep",
+        help="what CI prints: demo checkpoints, speculation phase and orchestration, 3 reps",
     )
     args = parser.parse_args()
     if args.quick:
-        args.models, args.parts, args.reps = ["demo"], ["ceiling", "orchestration"], 1
+        args.models, args.parts, args.reps = ["demo"], ["ceiling", "orchestration"], 3
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device cpu")
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.models:

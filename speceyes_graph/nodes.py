@@ -218,7 +218,12 @@ def intake_node(kit: NodeKit, online: OnlineSteps | None) -> Callable[..., Steps
                         kit.store.get(ref)  # decode now: a broken image fails here
                 return query
 
-            query = yield Blocking(check_and_decode)
+            images = state.get("images") if isinstance(state, dict) else None
+            query = yield Blocking(
+                check_and_decode,
+                # images seen before (another question on them): only lookups, in place
+                ready=lambda: isinstance(images, list) and kit.store.has_decoded(images),
+            )
         except Exception as exc:
             for model, kwargs in announced:  # those calls will not come
                 phases.announce(model, -1, **kwargs)

@@ -489,10 +489,10 @@ def test_langchain_content_block_types_are_computed_once():
 
 
 def test_prompts_over_resized_images_skip_the_thread_hop(tmp_path, monkeypatch):
-    """abatch builds a prompt in a worker thread only while its images still need resizing:
-    asked again about the same images (POPE asks three questions per image; an agent turn
-    reuses the view), the judge's and the draft's prompts are lookups, built in place. The
-    answers are the same either way."""
+    """abatch reads an image and builds a prompt in a worker thread only while there is
+    decoding or resizing to do: asked again about the same images (POPE asks three questions
+    per image; an agent turn reuses the view), intake and the judge's and the draft's prompts
+    are lookups, run in place. The answers are the same either way."""
     import asyncio
 
     from speceyes_graph.benchmarks.throughput import _Instant
@@ -520,6 +520,6 @@ def test_prompts_over_resized_images_skip_the_thread_hop(tmp_path, monkeypatch):
     assert len(hops) == 2 * len(queries), hops
     hops.clear()
     again = asyncio.run(graph.abatch([{**q, "question": q["question"] + "?"} for q in queries]))
-    assert len(hops) == len(queries) and all("check_and_decode" in h for h in hops), hops
+    assert hops == []  # the images decoded and resized: intake and both prompts in place
     assert [o["answer"] for o in again] == [o["answer"] for o in first] == ["A"] * 3
     assert [o["route"] for o in again] == ["speculative"] * 3

@@ -56,6 +56,7 @@ from .codec import (
 )
 from .deadlines import EarliestDeadlineFirst, cpu_work, time_left
 from .sources import (
+    FileInfo,
     ImageLoadError,
     ImagePolicy,
     ImagePolicyError,
@@ -65,6 +66,7 @@ from .sources import (
     read_file,
     redact,
     resolve_file,
+    stat_file,
 )
 
 __all__ = [
@@ -255,6 +257,7 @@ class ImageStore:
         self._views: OrderedDict[tuple[Any, ResizeSpec | None], str] = OrderedDict()
         # view key -> how to render it: (reference, resize, source key)
         self._derived: OrderedDict[str, tuple[str, ResizeSpec | None, Any]] = OrderedDict()
+        self._real_paths: OrderedDict[str, str] = OrderedDict()  # file reference -> resolved
         self.max_views = 4096
         # blob key -> its background write (put(background=True)); gone once it succeeded
         self._writing: dict[str, Future[None]] = {}
@@ -303,7 +306,24 @@ class ImageStore:
             return self.put(read_data_url(ref, self.policy))
         if kind == "url":
             return self.put(fetch_url(ref, self.policy))
-        return resolve_file(ref, self.policy).path
+        return self._resolve(ref).path
+
+    def _resolve(self, ref: str) -> FileInfo:
+        """A file reference checked against the policy and stat'ed. Its resolution (symlinks
+        followed, roots checked: a path component at a time, the costliest lookup a query
+        makes when models answer at once) is remembered per store; the file is stat'ed on
+        every use, so a rewrite is a new image. A symlink re-pointed inside the allowed
+        folders keeps its first target until the entry ages out (``max_views`` entries)."""
+        with self._lock:
+            real = self._real_paths.get(ref)
+        if real is None:
+            info = resolve_file(ref, self.policy)
+            with self._lock:
+                self._real_paths[ref] = self._real_paths[info.path] = info.path
+                while len(self._real_paths) > self.max_views:
+                    self._real_paths.popitem(last=False)
+            return info
+        return stat_file(real, self.policy, ref)
 
     def read(self, key: str) -> bytes:
         """The bytes behind a blob key (a model view evicted from memory is rebuilt)."""
@@ -353,7 +373,7 @@ class ImageStore:
         """(cache key, loader) for a reference, applying the policy."""
         kind = _kind(ref)
         if kind == "file":
-            info = resolve_file(ref, self.policy)
+            info = self._resolve(ref)
             return info.cache_key, lambda: read_file(info, self.policy)
         key = ref if kind == "blob" else self.intern(ref)
         return key, lambda: self.read(key)
@@ -424,6 +444,29 @@ class ImageStore:
                 return key
         return self._render_view(ref, resize, source)
 
+    def has_decoded(self, refs: Any) -> bool:
+        """Whether every reference is decoded and held, so that interning and getting it are
+        lookups: blob keys, and files this store has resolved before (one ``stat`` each).
+        URLs and ``data:`` URLs never are (interning reads them); neither is anything
+        malformed, so that it fails where the real call does."""
+        try:
+            keys = []
+            for ref in refs:
+                kind = _kind(ref)
+                if kind == "file":
+                    with self._lock:
+                        if ref not in self._real_paths:
+                            return False
+                    keys.append(self._resolve(ref).cache_key)
+                elif kind == "blob":
+                    keys.append(ref)
+                else:
+                    return False
+        except Exception:  # noqa: BLE001 - the real call reports it
+            return False
+        with self._lock:
+            return all(key in self._cache for key in keys)
+
     def has_views(self, refs: Sequence[str], resize: ResizeSpec | None) -> bool:
         """Whether :meth:`model_view` of every reference is a lookup now (its view in this
         frame made, and its pixels still held): then a prompt over them needs no worker
@@ -491,6 +534,7 @@ class ImageStore:
             self._cache.clear()
             self._views.clear()
             self._derived.clear()
+            self._real_paths.clear()
             self._bytes = 0
             self.decodes = 0
         clear = getattr(self.blobs, "clear", None)

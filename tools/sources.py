@@ -50,6 +50,7 @@ __all__ = [
     "read_file",
     "redact",
     "resolve_file",
+    "stat_file",
 ]
 
 
@@ -197,6 +198,13 @@ def resolve_file(ref: str, policy: ImagePolicy) -> FileInfo:
         raise ImagePolicyError(
             f"image path {given!r} is outside the folders this deployment reads images from"
         )
+    return stat_file(real, policy, given)
+
+
+def stat_file(real: str, policy: ImagePolicy, given: str | None = None) -> FileInfo:
+    """Stat a path :func:`resolve_file` has resolved and checked (the size and the
+    modification time say whether it is still the same image)."""
+    given = real if given is None else given
     try:
         st = os.stat(real)
     except FileNotFoundError:

@@ -20,6 +20,7 @@ thread of their own, so a stream never holds up the batch worker.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import threading
@@ -67,6 +68,29 @@ __all__ = ["ChatTransformersVLM"]
 log = logging.getLogger(__name__)
 
 _PRELOADED = threading.local()  # hands a built model to __init__ (see from_components)
+
+
+class _Prepaid:
+    """Announcements :meth:`ChatTransformersVLM.batch` made for the calls its first wave of
+    threads will make: each of those calls takes one instead of announcing itself. Calls
+    beyond the wave announce themselves when their thread starts, so a wave never waits for
+    calls that cannot start until it is done."""
+
+    def __init__(self, model: Any, count: int):
+        self.model, self.left, self._lock = model, count, threading.Lock()
+
+    def take(self, model: Any) -> bool:
+        with self._lock:
+            if model is not self.model or self.left <= 0:
+                return False
+            self.left -= 1
+            return True
+
+
+# set by batch() around LangChain's batch; its threads run in a copy of the caller's context
+_PREPAID: contextvars.ContextVar[_Prepaid | None] = contextvars.ContextVar(
+    "speceyes_prepaid", default=None
+)
 _FORCING = ("any", "required", True)
 
 
@@ -424,9 +448,10 @@ class ChatTransformersVLM(BaseChatModel):
         **kwargs: Any,
     ) -> list[Any]:
         """LangChain's own batch (one traced run per input), with enough inputs in flight at
-        once that they meet in the same ``generate`` calls: all of them are announced before
-        the first thread starts, so a batch does not leave while later threads are still
-        starting (it did, on a loaded machine: five inputs went as 3 + 2)."""
+        once that they meet in the same ``generate`` calls: the first wave of them (as many as
+        run at once) is announced before any thread starts, so a batch does not leave while
+        later threads of the wave are still starting (it did, on a loaded machine: five
+        inputs went as 3 + 2)."""
         if not inputs:
             return []
         configs = get_config_list(config, len(inputs))
@@ -434,15 +459,16 @@ class ChatTransformersVLM(BaseChatModel):
         configs = [{**c, "max_concurrency": width} for c in configs]
         if kwargs.get("announced"):
             return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
-        ttl = max(2.0, self.scheduler.max_expect_s)  # the last thread may start that late
-        self.announce(len(inputs), ttl=ttl, **kwargs)
+        prepaid = _Prepaid(self, min(len(inputs), width))
+        ttl = max(2.0, self.scheduler.max_expect_s)  # the wave's last thread may start late
+        self.announce(prepaid.left, ttl=ttl, **kwargs)
+        token = _PREPAID.set(prepaid)
         try:
-            return super().batch(
-                inputs, configs, return_exceptions=return_exceptions, announced=True, **kwargs
-            )
-        except BaseException:
-            self.announce(-len(inputs), **kwargs)  # what is left of them will not come
-            raise
+            return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
+        finally:
+            _PREPAID.reset(token)
+            if prepaid.left:  # calls that never came (an input that failed before its call)
+                self.announce(-prepaid.left, **kwargs)
 
     def _call(self, key: Hashable, prepared: dict[str, Any]) -> AIMessage:
         """One request through the batch worker, within the deadline, with retries."""
@@ -487,6 +513,11 @@ class ChatTransformersVLM(BaseChatModel):
             self.scheduler.expect(key, -1)
             raise
 
+    def _prepaid(self) -> bool:
+        """Whether :meth:`batch` announced this call already (see ``_Prepaid``)."""
+        prepaid = _PREPAID.get()
+        return prepaid is not None and prepaid.take(self)
+
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -498,7 +529,7 @@ class ChatTransformersVLM(BaseChatModel):
         key, request = self._settings(stop, kwargs)
         # Announce the request before preparing it (unless the caller did, earlier: see
         # announce), so that a batch being formed waits for it; withdraw it if it will not come.
-        if not announced:
+        if not announced and not self._prepaid():
             self.scheduler.expect(key)
         prepared = self._prepare_request(key, messages, request)
         message = self._call(key, prepared)
