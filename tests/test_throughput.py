@@ -495,17 +495,10 @@ def test_prompts_over_resized_images_skip_the_thread_hop(tmp_path, monkeypatch):
     are lookups, run in place. The answers are the same either way."""
     import asyncio
 
-    from speceyes_graph.benchmarks.throughput import _Instant
+    from speceyes_graph.benchmarks.throughput import instant_graph
 
     paths = [_image(tmp_path, f"i{i}.png", 200 + 10 * i, 150, i)[0] for i in range(3)]
-    reply = AIMessage(content="A", response_metadata={"logprobs": fake_logprobs(["A"], [9.0])})
-    store = ImageStore()
-    graph = create_speceyes_graph(
-        judge=_Instant(respond=lambda m: "no"),
-        speculator=_Instant(respond=lambda m: reply),
-        agent=_Instant(respond=lambda m: "A"),
-        store=store,
-    ).compile()
+    graph = instant_graph(ImageStore())
     hops = []
     real = asyncio.to_thread
 

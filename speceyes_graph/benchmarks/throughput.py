@@ -49,6 +49,7 @@ __all__ = [
     "compare_speculation",
     "orchestration_ms",
     "OrchestrationResult",
+    "instant_graph",
     "orchestration_vs_floor",
 ]
 
@@ -330,6 +331,18 @@ def _cpu_of(run: Callable[[], Any]) -> tuple[float, float]:
     return time.process_time() - c0, time.perf_counter() - t0
 
 
+def instant_graph(store: ImageStore | None = None) -> Any:
+    """The compiled graph over models that answer at once: the judge says "no", the draft
+    "A" with a sure log-prob, so every query goes intake, judge, speculate, gate (accepted)."""
+    reply = AIMessage(content="A", response_metadata={"logprobs": fake_logprobs(["A"], [9.0])})
+    return create_speceyes_graph(
+        judge=_Instant(respond=lambda m: "no"),
+        speculator=_Instant(respond=lambda m: reply),
+        agent=_Instant(respond=lambda m: "A"),
+        store=store,
+    ).compile()
+
+
 def orchestration_vs_floor(
     queries: Sequence[SpecEyesInput], n: int = 1000, store: ImageStore | None = None, reps: int = 2
 ) -> OrchestrationResult:
@@ -338,13 +351,7 @@ def orchestration_vs_floor(
     against LangGraph's floor (five no-op nodes) in the same process, best of ``reps``. The
     ``n`` queries cycle over ``queries``' images with distinct questions; images are decoded
     before timing (their decode is measured elsewhere), so what is left is bookkeeping."""
-    reply = AIMessage(content="A", response_metadata={"logprobs": fake_logprobs(["A"], [9.0])})
-    graph = create_speceyes_graph(
-        judge=_Instant(respond=lambda m: "no"),
-        speculator=_Instant(respond=lambda m: reply),
-        agent=_Instant(respond=lambda m: "A"),
-        store=store,
-    ).compile()
+    graph = instant_graph(store)
     inputs: list[SpecEyesInput] = [
         {**queries[i % len(queries)], "question": f"{queries[i % len(queries)]['question']} [{i}]"}
         for i in range(n)
