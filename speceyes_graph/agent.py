@@ -18,7 +18,6 @@ prompt, the same for every query, is added only when the model is called.
 
 from __future__ import annotations
 
-import asyncio
 import operator
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -49,6 +48,7 @@ from speceyes_tools.deadlines import (
     call_with_deadline,
     check_deadline,
     deadline_scope,
+    to_worker_thread,
 )
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store, store_scope
 from speceyes_tools.python_tool import sandbox_image_path
@@ -396,7 +396,7 @@ def create_agent_loop(
         except DeadlineExceeded as exc:
             result = _deadline_message(request, exc)
         if isinstance(result, ToolMessage):
-            result = await asyncio.to_thread(dehydrate, result, store)
+            result = await to_worker_thread(dehydrate, result, store)
         return result
 
     def finish(state: AgentLoopState) -> dict[str, Any]:

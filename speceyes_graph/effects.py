@@ -37,7 +37,12 @@ from typing import Any
 
 from langchain_core.runnables import Runnable
 
-from speceyes_tools.deadlines import acall_with_deadline, call_with_deadline, start_in_background
+from speceyes_tools.deadlines import (
+    acall_with_deadline,
+    call_with_deadline,
+    start_in_background,
+    to_worker_thread,
+)
 
 try:  # LangGraph's own node runnable: a sync and an async function, config/runtime injected
     from langgraph._internal._runnable import RunnableCallable
@@ -102,7 +107,8 @@ class ModelCall(Request):
 class Blocking(Request):
     """CPU or disk work (decoding images, resizing, encoding, a sync tool): run in place by
     the sync driver, in a worker thread by the async one so the event loop keeps serving
-    the other queries."""
+    the other queries (the oldest query's work first:
+    :func:`~speceyes_tools.deadlines.to_worker_thread`)."""
 
     fn: Callable[..., Any]
     args: tuple = ()
@@ -116,7 +122,7 @@ class Blocking(Request):
     async def arun(self) -> Any:
         if self.ready is not None and self.ready():
             return self.fn(*self.args)
-        return await asyncio.to_thread(self.fn, *self.args)
+        return await to_worker_thread(self.fn, *self.args)
 
 
 @dataclass

@@ -33,7 +33,6 @@ speculated on; ``max_agent_steps`` is the agent's own business (LangChain's
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 import uuid
@@ -60,7 +59,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 from typing_extensions import NotRequired, TypedDict
 
-from speceyes_tools.deadlines import deadline_scope
+from speceyes_tools.deadlines import deadline_scope, to_worker_thread
 from speceyes_tools.images import ImageStore, default_store, store_scope
 
 from . import phases
@@ -164,7 +163,7 @@ class ImageStoreMiddleware(AgentMiddleware[Any, Any]):
         return {"messages": kept} if kept else None
 
     async def abefore_agent(self, state: Any, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        kept = await asyncio.to_thread(self._kept, state.get("messages") or [], False)
+        kept = await to_worker_thread(self._kept, state.get("messages") or [], False)
         return {"messages": kept} if kept else None
 
     def wrap_tool_call(
@@ -182,7 +181,7 @@ class ImageStoreMiddleware(AgentMiddleware[Any, Any]):
     ) -> ToolMessage | Command[Any]:
         result = await handler(request)
         if isinstance(result, ToolMessage):
-            result = await asyncio.to_thread(dehydrate, result, self.store)
+            result = await to_worker_thread(dehydrate, result, self.store)
         return result
 
     # --- pictures out ---------------------------------------------------------------------------
@@ -208,7 +207,7 @@ class ImageStoreMiddleware(AgentMiddleware[Any, Any]):
         handler: Callable[[ModelRequest], Awaitable[ModelResponse]],
     ) -> Any:
         with store_scope(self.store):
-            return await handler(await asyncio.to_thread(self.model_request, request))
+            return await handler(await to_worker_thread(self.model_request, request))
 
 
 class SpecEyesMiddleware(ImageStoreMiddleware):

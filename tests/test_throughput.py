@@ -6,6 +6,8 @@ Speed itself is measured by ``scripts/bench_throughput.py``, not asserted here.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import threading
 import time
 
@@ -471,6 +473,39 @@ def test_the_cpu_gate_goes_by_deadline_and_is_reentrant():
     assert order == ["early", "middle", "late"]
 
 
+def test_async_blocking_work_goes_oldest_query_first():
+    """Under ``abatch`` each query's blocking work (decode, then request preparation) is
+    queued for worker threads; first come first served (``asyncio.to_thread``) prepares
+    breadth-first, so the first batch waits for every decode. The oldest query's next
+    stage must jump the younger queries' decodes: with three waves of decodes queued, query
+    0's preparation starts before the last decode does."""
+    from speceyes_graph.effects import Blocking, arun_steps
+    from speceyes_tools.deadlines import deadline_scope
+
+    workers = min(32, (os.cpu_count() or 1) + 4)  # as many as asyncio's default executor
+    n = 3 * workers
+    started: list[tuple[str, int]] = []
+
+    def work(stage: str, i: int) -> None:
+        started.append((stage, i))
+        time.sleep(0.05)
+
+    def query(i: int):
+        yield Blocking(work, ("decode", i))
+        yield Blocking(work, ("prepare", i))
+
+    async def one(i: int, now: float) -> None:
+        with deadline_scope(now + 60 + i):  # query i arrived i-th
+            await arun_steps(query(i))
+
+    async def all_queries() -> None:
+        now = time.time()
+        await asyncio.gather(*(one(i, now) for i in range(n)))
+
+    asyncio.run(all_queries())
+    assert started.index(("prepare", 0)) < started.index(("decode", n - 1)), started
+
+
 def test_langchain_content_block_types_are_computed_once():
     """langchain-core recomputes these type hints for every image block it traces; the
     package computes them once (speceyes_graph.messages): the same answer, and tracing
@@ -493,20 +528,19 @@ def test_prompts_over_resized_images_skip_the_thread_hop(tmp_path, monkeypatch):
     decoding or resizing to do: asked again about the same images (POPE asks three questions
     per image; an agent turn reuses the view), intake and the judge's and the draft's prompts
     are lookups, run in place. The answers are the same either way."""
-    import asyncio
-
+    from speceyes_graph import effects
     from speceyes_graph.benchmarks.throughput import instant_graph
 
     paths = [_image(tmp_path, f"i{i}.png", 200 + 10 * i, 150, i)[0] for i in range(3)]
     graph = instant_graph(ImageStore())
     hops = []
-    real = asyncio.to_thread
+    real = effects.to_worker_thread
 
-    async def counted(fn, *args, **kwargs):
+    async def counted(fn, *args):
         hops.append(getattr(fn, "__qualname__", ""))
-        return await real(fn, *args, **kwargs)
+        return await real(fn, *args)
 
-    monkeypatch.setattr(asyncio, "to_thread", counted)
+    monkeypatch.setattr(effects, "to_worker_thread", counted)
     queries = [{"question": f"q{i}", "images": [p]} for i, p in enumerate(paths)]
     first = asyncio.run(graph.abatch(queries))
     # intake's decode, then the judge's resize; the draft's frame is the same here: a lookup

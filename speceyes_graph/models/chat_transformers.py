@@ -19,7 +19,6 @@ thread of their own, so a stream never holds up the batch worker.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import json
 import logging
@@ -40,7 +39,13 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
-from speceyes_tools.deadlines import DeadlineExceeded, cpu_work, deadline_scope, time_left
+from speceyes_tools.deadlines import (
+    DeadlineExceeded,
+    cpu_work,
+    deadline_scope,
+    time_left,
+    to_worker_thread,
+)
 from speceyes_tools.images import ResizeSpec
 
 from .batching import BatchScheduler
@@ -543,13 +548,14 @@ class ChatTransformersVLM(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         """:meth:`_generate` for ``ainvoke``: the preparation (chat template, processor: CPU
-        work) runs in the event loop's executor, then the call awaits the batch worker, so
-        a thousand calls in flight hold no thread each. Same batches, same replies."""
+        work) runs on a worker thread, the oldest query's first, then the call awaits the
+        batch worker, so a thousand calls in flight hold no thread each. Same batches, same
+        replies."""
         announced = kwargs.pop("announced", False)
         key, request = self._settings(stop, kwargs)
         if not announced:
             self.scheduler.expect(key)
-        prepared = await asyncio.to_thread(self._prepare_request, key, messages, request)
+        prepared = await to_worker_thread(self._prepare_request, key, messages, request)
         message = await self._acall(key, prepared)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
