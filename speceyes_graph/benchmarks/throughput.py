@@ -70,6 +70,7 @@ class CeilingResult:
     mean_queued_s: float
     orchestration_ms: float | None = None  # LangGraph + our nodes per query, instant models
     driver: str = "batch"  # graph.batch (a thread per query) or graph.abatch (the event loop)
+    offloaded_s: float | None = None  # each batch a wait of this long, off the CPU (_Offloaded)
 
     @property
     def ratio(self) -> float:
@@ -77,8 +78,13 @@ class CeilingResult:
         return self.raw_s / self.graph_s
 
     def report(self) -> str:
+        model = (
+            ""
+            if self.offloaded_s is None
+            else f", model off the CPU ({self.offloaded_s:.2f} s a batch)"
+        )
         lines = [
-            f"{self.phase} phase, N={self.n}: graph.{self.driver} {self.graph_s:.2f} s "
+            f"{self.phase} phase{model}, N={self.n}: graph.{self.driver} {self.graph_s:.2f} s "
             f"({self.n / self.graph_s:.1f} q/s), raw ceiling {self.raw_s:.2f} s "
             f"({self.n / self.raw_s:.1f} q/s) -> ratio {self.ratio:.2f}",
             f"   raw: prepare {self.raw_prepare_s:.2f} s + model {self.raw_model_s:.2f} s",
@@ -119,6 +125,33 @@ class _Timeline:
 
     def __exit__(self, *exc: Any) -> None:
         self.model.scheduler.run_batch = self._inner
+
+
+class _Offloaded:
+    """The model's batches as the host sees them on an accelerator: a wait of ``batch_s``
+    that holds neither a CPU nor the GIL, one sure "A" per request. What is left on the CPU
+    is the preparation, so the graph's time against the raw path's says whether the next
+    chunk's preparation overlaps the current chunk's model call (on 2 CPU cores the real
+    ``generate`` competes with the preparation for both, which hides it)."""
+
+    def __init__(self, model: Any, batch_s: float | None):
+        self.model, self.batch_s = model, batch_s
+
+    def run_batch(self, key: Any, payloads: Sequence[Any], **_: Any) -> list[AIMessage]:
+        assert self.batch_s is not None
+        time.sleep(self.batch_s)
+        logprobs = fake_logprobs(["A"], [9.0])
+        return [AIMessage(content="A", response_metadata={"logprobs": logprobs}) for _ in payloads]
+
+    def __enter__(self) -> _Offloaded:
+        if self.batch_s is not None:
+            self._saved = self.model.scheduler.run_batch, self.model.generation.run_batch
+            self.model.scheduler.run_batch = self.model.generation.run_batch = self.run_batch
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.batch_s is not None:
+            self.model.scheduler.run_batch, self.model.generation.run_batch = self._saved
 
 
 def _cold(store: ImageStore, *models: Any) -> None:
@@ -166,9 +199,12 @@ def ceiling(
     graph_settings: dict[str, Any] | None = None,
     orchestration: bool = True,
     driver: str = "batch",
+    offloaded_s: float | None = None,
 ) -> CeilingResult:
     """Graph throughput against the raw ceiling for ``phase`` (``judge`` or ``speculation``),
-    the graph run with ``graph.batch`` (``driver="batch"``) or ``graph.abatch``."""
+    the graph run with ``graph.batch`` (``driver="batch"``) or ``graph.abatch``.
+    ``offloaded_s``: each batch of the model is a wait of that long instead of ``generate``
+    (the model off the CPU, as on an accelerator: :class:`_Offloaded`)."""
     if phase not in ("judge", "speculation"):
         raise ValueError(f"phase must be 'judge' or 'speculation', got {phase!r}")
     if driver not in ("batch", "abatch"):
@@ -207,6 +243,27 @@ def ceiling(
             with ThreadPoolExecutor(n) as pool:  # a thread per query, as graph.batch
                 list(pool.map(lambda q: _through_judge(compiled, q), queries))
 
+    with _Offloaded(model, offloaded_s):
+        return _measure_ceiling(
+            phase, model, queries, reps, store, prompts, max_tokens, run_graph, driver,
+            orchestration, offloaded_s,
+        )  # fmt: skip
+
+
+def _measure_ceiling(
+    phase: str,
+    model: Any,
+    queries: Sequence[SpecEyesInput],
+    reps: int,
+    store: ImageStore,
+    prompts: Prompts,
+    max_tokens: int,
+    run_graph: Callable[[int], None],
+    driver: str,
+    orchestration: bool,
+    offloaded_s: float | None,
+) -> CeilingResult:
+    n = len(queries)
     _cold(store, model)
     run_graph(-1)  # warm-up of both paths (first calls allocate, import, compile)
     _cold(store, model)
@@ -250,6 +307,7 @@ def ceiling(
         mean_queued_s=queued[best],
         orchestration_ms=orchestration_ms(phase, queries, store=store) if orchestration else None,
         driver=driver,
+        offloaded_s=offloaded_s,
     )
 
 
