@@ -10,6 +10,9 @@ nothing asserts a speed.
   *raw ceiling*: the same requests built by the same prompt functions, prepared one after
   another and run straight through the model's batched path in batches of the same size.
   Both start cold (image store and processed-image cache cleared), as a real query does.
+- :func:`~speceyes_graph.benchmarks.orchestration.orchestration_vs_floor` (in
+  :mod:`.orchestration`, imported here as before): the host cost with models that answer at
+  once, against LangGraph's floor.
 - :func:`compare_speculation`: the mixed workload (judge, drafts, agent loops) under
   ``speculation="after_judge"`` and ``"parallel"``, side by side: throughput, per-query
   latency, mean batch size per model, discarded drafts.
@@ -29,16 +32,23 @@ from typing import Any, ClassVar
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
-from langchain_core.runnables import RunnableConfig
 
 from speceyes_tools.images import ImageStore, default_store, store_scope
 
 from ..graph import create_speceyes_graph
 from ..messages import user_message
-from ..models.scripted import ScriptedChatModel, fake_logprobs
+from ..models.scripted import fake_logprobs
 from ..prompts import Prompts
 from ..protocol import message_text
 from ..state import SpecEyesInput
+from .orchestration import (
+    OrchestrationResult,
+    athrough_judge,
+    instant_graph,
+    orchestration_ms,
+    orchestration_vs_floor,
+    through_judge,
+)
 
 __all__ = [
     "CeilingResult",
@@ -236,12 +246,12 @@ def ceiling(
             if driver == "abatch":  # a task per query, as graph.abatch
 
                 async def all_through_judge() -> None:
-                    await asyncio.gather(*(_athrough_judge(compiled, q) for q in queries))
+                    await asyncio.gather(*(athrough_judge(compiled, q) for q in queries))
 
                 asyncio.run(all_through_judge())
                 return
             with ThreadPoolExecutor(n) as pool:  # a thread per query, as graph.batch
-                list(pool.map(lambda q: _through_judge(compiled, q), queries))
+                list(pool.map(lambda q: through_judge(compiled, q), queries))
 
     with _Offloaded(model, offloaded_s):
         return _measure_ceiling(
@@ -309,148 +319,6 @@ def _measure_ceiling(
         driver=driver,
         offloaded_s=offloaded_s,
     )
-
-
-def orchestration_ms(
-    phase: str, queries: Sequence[SpecEyesInput], store: ImageStore | None = None, reps: int = 2
-) -> float:
-    """Per-query wall time of the graph with models that answer instantly (one at a time):
-    what LangGraph and our nodes cost, images already decoded."""
-    reply = AIMessage(content="A", response_metadata={"logprobs": fake_logprobs(["A"], [9.0])})
-    instant = _Instant(respond=lambda m: reply)
-    if phase == "speculation":
-        graph = create_speceyes_graph(speculator=instant, mode="small", store=store).compile()
-    else:  # intake and judge, as the judge phase is measured
-        judge = _Instant(respond=lambda m: "no")
-        graph = create_speceyes_graph(
-            judge=judge, speculator=instant, agent=instant, store=store
-        ).compile()
-    run = graph.invoke if phase == "speculation" else (lambda q: _through_judge(graph, q))
-    for q in queries[:4]:
-        run(q)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for q in queries:
-            run(q)
-        times.append((time.perf_counter() - t0) / len(queries))
-    return 1000 * min(times)
-
-
-@dataclass
-class OrchestrationResult:
-    """Host CPU per query with models that answer at once, against LangGraph's own floor."""
-
-    n: int
-    floor_ms: float  # CPU ms per query: LangGraph, five no-op nodes, abatch
-    ours_ms: float  # CPU ms per query: the SpecEyes graph, speculative route, abatch
-    floor_wall_s: float
-    ours_wall_s: float
-
-    @property
-    def ratio(self) -> float:
-        return self.ours_ms / self.floor_ms
-
-    def report(self) -> str:
-        return (
-            f"orchestration, abatch of {self.n} in flight, instant models: SpecEyes graph "
-            f"{self.ours_ms:.2f} ms CPU/query ({self.ours_wall_s:.2f} s wall), LangGraph's floor "
-            f"(five no-op nodes) {self.floor_ms:.2f} ms ({self.floor_wall_s:.2f} s) -> "
-            f"{self.ratio:.2f}x the floor"
-        )
-
-
-def _floor_graph(nodes: int = 5) -> Any:
-    """LangGraph's own cost: ``nodes`` async no-op nodes in a line over a one-key state."""
-    from typing import TypedDict
-
-    from langgraph.graph import END, START, StateGraph
-
-    class Count(TypedDict):
-        step: int
-
-    async def step(state: Count) -> dict:
-        return {"step": state["step"] + 1}
-
-    graph = StateGraph(Count)
-    previous = START
-    for i in range(nodes):
-        graph.add_node(f"node{i}", step)
-        graph.add_edge(previous, f"node{i}")
-        previous = f"node{i}"
-    graph.add_edge(previous, END)
-    return graph.compile()
-
-
-def _cpu_of(run: Callable[[], Any]) -> tuple[float, float]:
-    """(process CPU seconds, wall seconds) of ``run()``: CPU counts every thread's work."""
-    c0, t0 = time.process_time(), time.perf_counter()
-    run()
-    return time.process_time() - c0, time.perf_counter() - t0
-
-
-def instant_graph(store: ImageStore | None = None) -> Any:
-    """The compiled graph over models that answer at once: the judge says "no", the draft
-    "A" with a sure log-prob, so every query goes intake, judge, speculate, gate (accepted)."""
-    reply = AIMessage(content="A", response_metadata={"logprobs": fake_logprobs(["A"], [9.0])})
-    return create_speceyes_graph(
-        judge=_Instant(respond=lambda m: "no"),
-        speculator=_Instant(respond=lambda m: reply),
-        agent=_Instant(respond=lambda m: "A"),
-        store=store,
-    ).compile()
-
-
-def orchestration_vs_floor(
-    queries: Sequence[SpecEyesInput], n: int = 1000, store: ImageStore | None = None, reps: int = 2
-) -> OrchestrationResult:
-    """The graph's host cost (CPU per query, ``abatch`` of ``n`` queries in flight, models
-    answering at once, every query tool-free and accepted: intake, judge, speculate, gate)
-    against LangGraph's floor (five no-op nodes) in the same process, best of ``reps``. The
-    ``n`` queries cycle over ``queries``' images with distinct questions; images are decoded
-    before timing (their decode is measured elsewhere), so what is left is bookkeeping."""
-    graph = instant_graph(store)
-    inputs: list[SpecEyesInput] = [
-        {**queries[i % len(queries)], "question": f"{queries[i % len(queries)]['question']} [{i}]"}
-        for i in range(n)
-    ]
-    floor = _floor_graph()
-    floor_inputs = [{"step": 0} for _ in range(n)]
-    config: RunnableConfig = {"max_concurrency": n}
-    asyncio.run(graph.abatch(inputs[: len(queries)], config))  # warm-up, images decoded
-    asyncio.run(floor.abatch(floor_inputs[:10], config))
-    ours, base = [], []
-    for _ in range(reps):
-        base.append(_cpu_of(lambda: asyncio.run(floor.abatch(floor_inputs, config))))
-        ours.append(_cpu_of(lambda: asyncio.run(graph.abatch(inputs, config))))
-    best, best_floor = min(ours), min(base)
-    return OrchestrationResult(
-        n=n,
-        floor_ms=1000 * best_floor[0] / n,
-        ours_ms=1000 * best[0] / n,
-        floor_wall_s=best_floor[1],
-        ours_wall_s=best[1],
-    )
-
-
-def _through_judge(graph: Any, query: SpecEyesInput) -> None:
-    """Run ``graph`` on ``query`` up to and including its judge node, then stop it."""
-    for update in graph.stream(query, stream_mode="updates"):
-        if "judge" in update or "intake" in update and update["intake"].get("error"):
-            return
-
-
-async def _athrough_judge(graph: Any, query: SpecEyesInput) -> None:
-    async for update in graph.astream(query, stream_mode="updates"):
-        if "judge" in update or "intake" in update and update["intake"].get("error"):
-            return
-
-
-class _Instant(ScriptedChatModel):
-    """Called like a local model: in the caller's thread, with image references."""
-
-    handles_deadlines: ClassVar[bool] = True
-    accepts_image_refs: ClassVar[bool] = True
 
 
 def shape_queries(folder: Path, n: int, seed: int = 0) -> list[SpecEyesInput]:

@@ -35,6 +35,9 @@ class ScriptedChatModel(BaseChatModel):
     bound_tools: list[Any] = []
     call_kwargs: list[dict[str, Any]] = []  # generation kwargs of each call, e.g. max_tokens
     received: list[list[BaseMessage]] = []  # the messages of each call, as the model got them
+    # keep call_kwargs and received (tests read them); a benchmark of thousands of calls turns
+    # it off, or the kept messages become the garbage collector's work, not the graph's
+    record: bool = True
 
     @property
     def _llm_type(self) -> str:
@@ -64,8 +67,9 @@ class ScriptedChatModel(BaseChatModel):
 
     def _reply(self, messages: list[BaseMessage], stop: Any, kwargs: dict[str, Any]) -> ChatResult:
         self.calls += 1
-        self.call_kwargs.append({"stop": stop, **kwargs})
-        self.received.append(list(messages))
+        if self.record:
+            self.call_kwargs.append({"stop": stop, **kwargs})
+            self.received.append(list(messages))
         out = self.respond(messages)
         message = out if isinstance(out, AIMessage) else AIMessage(content=str(out))
         return ChatResult(generations=[ChatGeneration(message=message)])
