@@ -506,6 +506,21 @@ def test_async_blocking_work_goes_oldest_query_first():
     assert started.index(("prepare", 0)) < started.index(("decode", n - 1)), started
 
 
+def test_the_orchestration_benchmark_models_keep_nothing():
+    """The instant models of the orchestration benchmark keep no record of their calls:
+    kept, the messages of thousands of calls made every later run slower (the collector
+    traversing them), so the benchmark measured its own history. The scripted model the
+    tests use still keeps them."""
+    from speceyes_graph.benchmarks.orchestration import _Instant
+
+    instant = _Instant(respond=lambda m: "A")
+    assert instant.invoke("hi").content == "A"
+    assert instant.calls == 1 and instant.received == [] and instant.call_kwargs == []
+    scripted = ScriptedChatModel(respond=lambda m: "A")
+    scripted.invoke("hi")
+    assert len(scripted.received) == 1
+
+
 def test_langchain_content_block_types_are_computed_once():
     """langchain-core recomputes these type hints for every image block it traces; the
     package computes them once (speceyes_graph.messages): the same answer, and tracing
