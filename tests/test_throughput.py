@@ -506,6 +506,28 @@ def test_async_blocking_work_goes_oldest_query_first():
     assert started.index(("prepare", 0)) < started.index(("decode", n - 1)), started
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_worker_threads_survive_a_fork():
+    """A server that forks its workers after the graph ran in the parent (imported, warmed
+    up) must not inherit worker threads that do not exist in the child: the parent's pool
+    and reusable threads are started again there, not waited on forever."""
+    from speceyes_tools.deadlines import start_in_background, to_worker_thread
+
+    assert asyncio.run(to_worker_thread(lambda: 1)) == 1  # the parent's pool and threads
+    assert start_in_background(lambda: 2).result(5) == 2
+    time.sleep(0.1)  # the reused thread back in the idle list
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if both kinds of worker still run work
+        ok = False
+        try:
+            again = asyncio.run(asyncio.wait_for(to_worker_thread(lambda: 3), 5))
+            ok = again == 3 and start_in_background(lambda: 4).result(5) == 4
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_the_orchestration_benchmark_models_keep_nothing():
     """The instant models of the orchestration benchmark keep no record of their calls:
     kept, the messages of thousands of calls made every later run slower (the collector

@@ -20,6 +20,7 @@ import asyncio
 import contextvars
 import heapq
 import itertools
+import os
 import queue
 import sys
 import threading
@@ -383,8 +384,6 @@ async def to_worker_thread(fn: Callable[..., T], *args: Any) -> T:
     (deadline, callbacks, tracing) carried as ``to_thread`` carries it."""
     global _POOL
     if _POOL is None:
-        import os
-
         with _POOL_LOCK:
             if _POOL is None:
                 _POOL = _OldestFirstPool(min(32, (os.cpu_count() or 1) + 4))
@@ -393,6 +392,18 @@ async def to_worker_thread(fn: Callable[..., T], *args: Any) -> T:
 
 _CPU_WORK: EarliestDeadlineFirst | None = None
 _CPU_WORK_LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads: workers, idle inboxes and slots
+    held by them would wait forever (servers that fork workers after importing the graph)."""
+    global _WORKERS, _POOL, _POOL_LOCK, _CPU_WORK, _CPU_WORK_LOCK
+    _WORKERS, _POOL, _CPU_WORK = _Workers(), None, None
+    _POOL_LOCK, _CPU_WORK_LOCK = threading.Lock(), threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def cpu_work() -> EarliestDeadlineFirst:
@@ -404,7 +415,5 @@ def cpu_work() -> EarliestDeadlineFirst:
     global _CPU_WORK
     with _CPU_WORK_LOCK:
         if _CPU_WORK is None:
-            import os
-
             _CPU_WORK = EarliestDeadlineFirst(max(1, (os.cpu_count() or 1) - 1))
         return _CPU_WORK
