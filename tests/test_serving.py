@@ -477,3 +477,30 @@ def test_servers_loading_serve_py_per_graph_id_build_the_graphs_once():
         env={**os.environ, "SPECEYES_MODELS": "example"},
     )  # fmt: skip
     assert done.returncode == 0 and "once" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_port_given_to_one_server_is_not_given_to_the_next(monkeypatch):
+    """Servers bind their ports seconds after launch, so the kernel can offer a port already
+    handed to a server that has not bound it yet (a router's metrics port, picked again as
+    the next router's own: its /v1/models then answered with metrics, in CI). The picker
+    never hands out a port twice."""
+    from speceyes_graph.models import servers
+
+    offered = iter([41001, 41001, 41002, 41001, 41003])
+
+    class Kernel:  # bind((host, 0)) gets the next port the kernel would offer
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            self.port = next(offered)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(servers.socket, "socket", Kernel)
+    monkeypatch.setattr(servers, "_HANDED_OUT", set(), raising=False)
+    assert [servers._free_port("127.0.0.1") for _ in range(3)] == [41001, 41002, 41003]

@@ -72,10 +72,21 @@ def find_engine_python(engine: str) -> str:
     )
 
 
+_HANDED_OUT: set[int] = set()  # ports given to servers this process started
+
+
 def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free now and not given out before by this process: a server binds its ports
+    seconds after it is launched, so a port handed to one (a router's metrics port) is still
+    free when the next server's is picked, and the kernel may pick it again; two servers on
+    one port then answer each other's requests (a router's /v1/models served its metrics)."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 class EngineServer:
