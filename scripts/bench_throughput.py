@@ -32,6 +32,7 @@ Usage: python3 scripts/bench_throughput.py [--n 64] [--reps 3] [--models tiny de
 from __future__ import annotations
 
 import argparse
+import functools
 import tempfile
 from pathlib import Path
 
@@ -227,18 +228,13 @@ def main() -> None:
             print(f"\n=== {kind} checkpoints, N={args.n}, batch size {args.batch} ===")
             if "ceiling" in args.parts:
                 hand = hand_written_loop(small, queries, settings, batch=args.batch, reps=args.reps)
+                measure = functools.partial(
+                    ceiling, small=small, large=large, queries=queries, reps=args.reps,
+                    graph_settings=settings,
+                )  # fmt: skip
                 for phase in ("speculation", "judge")[: 1 if args.quick else 2]:
                     for driver in args.drivers:
-                        result = ceiling(
-                            phase,
-                            small=small,
-                            large=large,
-                            queries=queries,
-                            reps=args.reps,
-                            graph_settings=settings,
-                            driver=driver,
-                            orchestration=not args.quick,
-                        )
+                        result = measure(phase, driver=driver, orchestration=not args.quick)
                         print(result.report())
                         if phase == "speculation":
                             print(
@@ -248,19 +244,13 @@ def main() -> None:
                             )
                 if args.offloaded_s:  # does the preparation overlap the model's batches?
                     for driver in args.drivers:
-                        result = ceiling(
+                        result = measure(
                             "speculation",
-                            small=small,
-                            large=large,
-                            queries=queries,
-                            reps=args.reps,
-                            graph_settings=settings,
                             driver=driver,
                             orchestration=False,
                             offloaded_s=args.offloaded_s,
                         )
-                        print(result.report().split("\n   graph: ")[0])  # no generate loop to report
-                        print(f"   graph: first batch after {result.first_batch_s:.2f} s")
+                        print(result.report())
             if "orchestration" in args.parts:
                 print(orchestration_vs_floor(queries, n=args.in_flight, reps=args.reps).report())
             if "speculation" in args.parts:

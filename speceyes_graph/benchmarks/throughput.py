@@ -98,6 +98,11 @@ class CeilingResult:
             f"({self.n / self.graph_s:.1f} q/s), raw ceiling {self.raw_s:.2f} s "
             f"({self.n / self.raw_s:.1f} q/s) -> ratio {self.ratio:.2f}",
             f"   raw: prepare {self.raw_prepare_s:.2f} s + model {self.raw_model_s:.2f} s",
+        ]
+        if self.offloaded_s is not None:  # no generate loop to share the GIL with
+            lines.append(f"   graph: first batch after {self.first_batch_s:.2f} s")
+            return "\n".join(lines)
+        lines += [
             f"   graph: {self.calls} generate calls (mean batch {self.mean_batch:.1f}), "
             f"model busy {self.graph_model_s:.2f} s "
             f"(+{self.graph_model_s - self.raw_model_s:.2f} s over raw: the generate loop "
