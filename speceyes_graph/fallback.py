@@ -187,9 +187,18 @@ class AgentFallback:
         }
         with deadline_scope(deadline):
             out = run_steps(self.run({**state, "deadline": deadline}, draft, config))
-        if out.get("error") or not out.get("answer"):
-            raise RuntimeError(out.get("error") or "the shadow run gave no answer")
+        if not answered_itself(out):
+            raise RuntimeError(
+                out.get("error") or f"the shadow run gave no answer: {out.get('stop_reason')}"
+            )
         return str(out["answer"])
+
+
+def answered_itself(out: Mapping[str, Any]) -> bool:
+    """Whether the agent gave an answer of its own: not an error, not the draft it fell
+    back to at its step limit (which would label the draft by itself)."""
+    reason = out.get("stop_reason") or ""
+    return bool(out.get("answer")) and not out.get("error") and "with the draft" not in reason
 
 
 def agent_loop_node(
@@ -211,8 +220,7 @@ def agent_loop_node(
         except Exception as exc:
             out = kit.failed(state, "agent", exc, t0)
         if online is not None and state.get("route") == "rejected-agentic":
-            failed_loop = bool(out.get("error")) or not out.get("answer")
-            yield from online.rejected(state, out.get("answer"), failed_loop)
+            yield from online.rejected(state, out.get("answer"), not answered_itself(out))
         if out.get("error") and settings["on_error"] == "raise":
             raise SpecEyesError(out["error"])
         return out

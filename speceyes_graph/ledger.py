@@ -12,26 +12,47 @@ under a key of its own (the run's id), so
 - a worker killed with SIGKILL loses only what it had not written: its queries in flight
   and the labels of its shadow runs still running.
 
-:class:`StoreLedger` keeps a mirror of the last ``window`` observations and reads only what
-is new since its last read (``sync``, at most every ``sync_s`` seconds), so a query costs one
-``put`` and, now and then, one small ``search``. Stores order ``search`` results differently
-(LangGraph's in-memory store by insertion, PostgreSQL by ``updated_at``), so the ledger
-orders by the observations' own time and asks only for those at or after a time it has
-seen, less a margin for writes that were in flight. Entries that fell out of every worker's
-window are deleted by whichever worker reads them, so the namespace stays about a window
-long.
+**A shared store is input from anyone who can reach the server.** So :class:`StoreLedger`
+counts only entries it can trust: each is signed by the deployment's key
+(:mod:`speceyes_graph.gate_keys`) and checked field by field (:func:`read_entry`: types,
+finite numbers, a score in [0, 1], a time not in the future, booleans as booleans); anything
+else in the namespace is skipped and counted by reason, and never stops a read. Each read
+takes the whole namespace (it stays about a window long: entries that fell out of the
+window are deleted by whichever worker reads them), so a worker's window is what a fresh
+worker would build from the store: it follows deletions and overwrites too. Entries it has
+verified before are not verified again while unchanged (the store's ``updated_at``).
+
+**Health.** A ledger that cannot write, cannot read, or has not read for ``stale_s`` says
+so (:meth:`StoreLedger.trouble`); the gate then tightens (see
+:class:`~speceyes_graph.online_gate.OnlineGate`) rather than keep a tau it can no longer
+justify.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from dataclasses import asdict, dataclass
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from langgraph.store.base import BaseStore
 
-__all__ = ["GateLedger", "MemoryLedger", "Observation", "StoreLedger"]
+from .gate_keys import GateKeys
+
+__all__ = [
+    "GateLedger",
+    "MemoryLedger",
+    "Observation",
+    "StoreLedger",
+    "entry_fields",
+    "read_entry",
+]
+
+ENTRY_VERSION = 1
+CLOCK_SKEW_S = 300.0  # how far ahead of this worker's clock another's entry may be dated
 
 
 @dataclass(frozen=True)
@@ -43,12 +64,14 @@ class Observation:
     accepted: bool
     shadowed: bool
     disagrees: bool | None  # None: no label (accepted and not shadowed, or shadow pending/failed)
+    failed: bool = False  # rejected, and the agent failed: counted as disagreeing
 
 
 class GateLedger(Protocol):
     """What an :class:`~speceyes_graph.online_gate.OnlineGate` needs of its storage."""
 
     shared: bool  # other processes write to it too (then ``sync`` reads their writes)
+    skipped: Mapping[str, int]  # entries the last read skipped, by reason
 
     def record(self, key: str, observation: Observation) -> None: ...
 
@@ -57,6 +80,8 @@ class GateLedger(Protocol):
     def stale(self) -> bool: ...
 
     def sync(self) -> bool: ...  # read others' writes; True if anything changed
+
+    def trouble(self) -> str | None: ...  # why its evidence cannot be vouched for now
 
 
 class _Window:
@@ -75,10 +100,9 @@ class _Window:
         self.items[key] = obs
         return True
 
-    def merge(self, found: dict[str, Observation]) -> list[str]:
-        """Add others' observations; returns the keys that fell out of the window."""
-        merged = {**self.items, **found}
-        ordered = sorted(merged.items(), key=lambda kv: kv[1].at)
+    def replace(self, found: dict[str, Observation]) -> list[str]:
+        """Become the last ``size`` of ``found``; returns the keys that fell out."""
+        ordered = sorted(found.items(), key=lambda kv: kv[1].at)
         self.items = dict(ordered[-self.size :])
         return [k for k, _ in ordered[: -self.size]] if len(ordered) > self.size else []
 
@@ -96,6 +120,7 @@ class MemoryLedger:
     def __init__(self, window: int) -> None:
         self._window = _Window(window)
         self._lock = threading.Lock()
+        self.skipped: Mapping[str, int] = {}
 
     def record(self, key: str, observation: Observation) -> None:
         with self._lock:
@@ -112,23 +137,99 @@ class MemoryLedger:
     def sync(self) -> bool:
         return False
 
+    def trouble(self) -> str | None:
+        return None
 
-def _stamp(at: float) -> str:
-    """A time as fixed-width text: PostgreSQL's store compares filter values as text."""
-    return f"{at:020.6f}"
+
+def entry_fields(observation: Observation) -> dict[str, Any]:
+    """What an entry holds besides its signature (what the signature covers)."""
+    o = observation
+    return {
+        "v": ENTRY_VERSION,
+        "at": float(o.at),
+        "score": None if o.score is None else float(o.score),
+        "accepted": o.accepted,
+        "shadowed": o.shadowed,
+        "disagrees": o.disagrees,
+        "failed": o.failed,
+    }
+
+
+def read_entry(
+    value: object,
+    namespace: Sequence[str],
+    key: str,
+    keys: GateKeys,
+    now: float | None = None,
+) -> Observation | str:
+    """An entry as stored, checked: its observation, or why it is skipped (``"malformed"``,
+    ``"unverified"``: not signed by this deployment's key, ``"future"``: dated ahead of this
+    worker's clock by more than the skew a fleet's clocks may have)."""
+    if not isinstance(value, Mapping) or type(value.get("v")) is not int:  # 1.0, True equal 1
+        return "malformed"
+    if value["v"] != ENTRY_VERSION:
+        return "malformed"
+    at, score = _number(value.get("at")), _number(value.get("score"))
+    accepted, shadowed, failed = (_flag(value.get(f)) for f in ("accepted", "shadowed", "failed"))
+    disagrees = _flag(value.get("disagrees"))
+    if (
+        at is None
+        or (score is None and value.get("score") is not None)
+        or accepted is None
+        or shadowed is None
+        or failed is None
+        or (disagrees is None and value.get("disagrees") is not None)
+    ):
+        return "malformed"
+    observation = Observation(at, score, accepted, shadowed, disagrees, failed)
+    o = observation
+    if (
+        o.at <= 0
+        or (o.score is not None and not 0.0 <= o.score <= 1.0)
+        or (o.shadowed and not o.accepted)
+        or (o.accepted and o.score is None)
+        or (o.failed and (o.accepted or o.disagrees is not True))
+    ):
+        return "malformed"
+    if o.at > (time.time() if now is None else now) + CLOCK_SKEW_S:
+        return "future"
+    if not keys.verify(namespace, key, entry_fields(o), value.get("mac")):
+        return "unverified"
+    return observation
+
+
+def _number(x: object) -> float | None:
+    """A finite int or float (not a bool, not a string), as a float; else None."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x):
+        return float(x)
+    return None
+
+
+def _flag(x: object) -> bool | None:
+    """A bool (not ``"false"``, not 0); else None."""
+    return x if type(x) is bool else None
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 class StoreLedger(MemoryLedger):
     """Observations in a LangGraph store (``BaseStore``: the deployment's PostgreSQL store
     under Aegra or LangGraph Platform, ``langgraph dev``'s own store), shared by every
-    process that names the same ``namespace``.
+    process that names the same ``namespace`` and holds the same key.
 
     Args:
         store: the store (a graph node reads it from ``runtime.store``).
         namespace: the gate's namespace; gates of different graphs need different ones.
         window: observations kept (the gate's window).
+        keys: the deployment's gate keys (signs what it writes, verifies what it reads).
         sync_s: how stale the mirror may get before a query reads others' writes.
-        margin_s: how far back each read looks again, for writes in flight at the last one.
+        stale_s: past this long without a successful read, the evidence is not vouched for
+            (default ``max(60, 30 * sync_s)``).
+        max_entries: a namespace holding more than this (default four windows) is not read
+            to the end: the read fails (and the gate tightens) rather than take unbounded
+            time, or trust a part of it.
     """
 
     shared = True
@@ -139,77 +240,122 @@ class StoreLedger(MemoryLedger):
         store: BaseStore,
         namespace: tuple[str, ...],
         window: int,
+        keys: GateKeys,
         *,
         sync_s: float = 1.0,
-        margin_s: float = 30.0,
+        stale_s: float | None = None,
+        max_entries: int | None = None,
     ) -> None:
         super().__init__(window)
-        self.store, self.namespace = store, tuple(namespace)
-        self.sync_s, self.margin_s = sync_s, margin_s
-        self._synced_at = 0.0  # wall time of the last read
-        self._seen_until: float | None = None  # latest observation time read so far
+        self.store, self.namespace, self.keys = store, tuple(namespace), keys
+        self.sync_s = sync_s
+        self.stale_s = max(60.0, 30 * sync_s) if stale_s is None else stale_s
+        self.max_entries = max_entries or 4 * window + self.PAGE
+        self._synced_at = 0.0  # wall time of the last read tried
+        self._read_at: float | None = None  # ... and of the last that succeeded
+        self._read_error: str | None = None
+        self._write_error: str | None = None
+        self._verified: dict[str, tuple[object, Observation | str]] = {}
+        self._written: dict[str, Observation] | None = None  # recorded while a read runs
         self._sync_lock = threading.Lock()
 
     def record(self, key: str, observation: Observation) -> None:
-        value: dict[str, Any] = {**asdict(observation), "t": _stamp(observation.at)}
-        self.store.put(self.namespace, key, value, index=False)  # first: a failed put raises
-        super().record(key, observation)
+        fields = entry_fields(observation)
+        value = {**fields, "mac": self.keys.sign(self.namespace, key, fields)}
+        try:
+            self.store.put(self.namespace, key, value, index=False)  # first: a failed put raises
+        except Exception as exc:
+            self._write_error = _describe(exc)
+            raise
+        self._write_error = None
+        with self._lock:
+            if self._written is not None:
+                self._written[key] = observation
+            if self._window.put(key, observation):
+                self._window.trim()
 
     def stale(self) -> bool:
         return time.time() - self._synced_at >= self.sync_s
 
+    def trouble(self) -> str | None:
+        if self._write_error:
+            return f"cannot write to the store: {self._write_error}"
+        if self._read_error:
+            return f"cannot read the store: {self._read_error}"
+        if self._read_at is not None and time.time() - self._read_at > self.stale_s:
+            return f"last read the store {time.time() - self._read_at:.0f} s ago"
+        return None
+
     def sync(self) -> bool:
-        """Read what was written since the last read (all of it the first time)."""
+        """Read the namespace (every entry: deletions and overwrites show too) and become
+        the last ``window`` of what verifies. Raises what the store raised (and says so in
+        :meth:`trouble`)."""
         if not self._sync_lock.acquire(blocking=False):
             return False  # another thread of this process is reading
         try:
-            started = time.time()
-            since = None if self._seen_until is None else self._seen_until - self.margin_s
-            found: dict[str, Observation] = {}
-            offset = 0
-            while True:
-                page = self.store.search(
-                    self.namespace,
-                    filter=None if since is None else {"t": {"$gte": _stamp(since)}},
-                    limit=self.PAGE,
-                    offset=offset,
-                )
-                for item in page:
-                    obs = _observation(item.value)
-                    if obs is not None:
-                        found[item.key] = obs
-                if len(page) < self.PAGE:
-                    break
-                offset += self.PAGE
+            started = self._synced_at = time.time()
             with self._lock:
-                before = dict(self._window.items)
-                fell_out = self._window.merge(found)
-                changed = self._window.items != before
-            if found:
-                latest = max(o.at for o in found.values())
-                self._seen_until = max(latest, self._seen_until or latest)
-            elif self._seen_until is None:
-                self._seen_until = started - self.margin_s
-            self._synced_at = started
-            for key in fell_out[: self.PAGE]:  # no worker's window holds these any more
-                if key in found:
-                    self.store.delete(self.namespace, key)
+                self._written = {}
+            try:
+                items = self._read_all()
+            except Exception as exc:
+                self._read_error = _describe(exc)
+                raise
+            found, skipped = self._check(items, started)
+            with self._lock:
+                found.update(self._written or {})  # recorded during the read: may be missing
+                before = list(self._window.items.items())
+                fell_out = self._window.replace(found)
+                changed = list(self._window.items.items()) != before
+            self.skipped = dict(skipped)
+            self._read_error, self._read_at = None, started
+            self._prune(fell_out)
             return changed
         finally:
+            with self._lock:
+                self._written = None
             self._sync_lock.release()
 
+    def _read_all(self) -> list[Any]:
+        items: list[Any] = []
+        while True:
+            page = self.store.search(self.namespace, limit=self.PAGE, offset=len(items))
+            items.extend(page)
+            if len(page) < self.PAGE:
+                return items
+            if len(items) >= self.max_entries:
+                raise RuntimeError(
+                    f"the gate's namespace {'.'.join(self.namespace)} holds more than "
+                    f"{self.max_entries} entries (its window is {self._window.size}): not "
+                    "read; something other than the gate writes there"
+                )
 
-def _observation(value: Any) -> Observation | None:
-    """An entry as stored, checked: anything else in the namespace is ignored."""
-    try:
-        score = value["score"]
-        disagrees = value["disagrees"]
-        return Observation(
-            at=float(value["at"]),
-            score=None if score is None else float(score),
-            accepted=bool(value["accepted"]),
-            shadowed=bool(value["shadowed"]),
-            disagrees=None if disagrees is None else bool(disagrees),
-        )
-    except (KeyError, TypeError, ValueError):
-        return None
+    def _check(self, items: list[Any], now: float) -> tuple[dict[str, Observation], Counter[str]]:
+        found: dict[str, Observation] = {}
+        skipped: Counter[str] = Counter()
+        verified: dict[str, tuple[object, Observation | str]] = {}
+        for item in items:
+            if tuple(item.namespace) != self.namespace:
+                continue  # a deeper namespace under ours: not the gate's
+            seen = self._verified.get(item.key)
+            updated = getattr(item, "updated_at", None)
+            if seen is not None and updated is not None and seen[0] == updated:
+                checked = seen[1]
+            else:
+                checked = read_entry(item.value, self.namespace, item.key, self.keys, now)
+            if checked != "future":  # a future entry may become valid: check it again
+                verified[item.key] = (updated, checked)
+            if isinstance(checked, Observation):
+                found[item.key] = checked
+            else:
+                skipped[checked] += 1
+        self._verified = verified
+        return found, skipped
+
+    def _prune(self, keys: list[str]) -> None:
+        """Delete entries no worker's window holds any more (the oldest valid ones)."""
+        for key in keys[: self.PAGE]:
+            try:
+                self.store.delete(self.namespace, key)
+            except Exception:  # the next read tries again
+                return

@@ -49,6 +49,15 @@ answer has already returned); a query the judge sent to the tools counts in the 
 without a draft. Where observations live is the gate's ledger
 (:mod:`speceyes_graph.ledger`): this process's memory, or the run's LangGraph store, which
 every worker of a deployment shares.
+
+**It trusts only what it wrote, and fails safe.** A shared store is reachable by anyone who
+can reach the server's API, so the gate counts only entries signed with the deployment's key
+(``SPECEYES_GATE_KEY``, :mod:`speceyes_graph.gate_keys`) and valid field by field; without a
+key it refuses the store and keeps its evidence in this process. When it cannot write or
+read the fleet's labels, or has not read them for a while, its tau is at least
+``outage_tau`` (its start tau by default) until it can again; evidence older than
+``max_age_s`` does not count. A draft whose agent failed after a rejection counts as
+disagreeing: a failure gives no agreement (docs/calibration.md, "What it trusts").
 """
 
 from __future__ import annotations
@@ -69,6 +78,7 @@ from typing import Any, Literal
 import numpy as np
 from langgraph.store.base import BaseStore
 
+from .gate_keys import GateKeys, MissingGateKey
 from .ledger import GateLedger, MemoryLedger, Observation, StoreLedger
 from .separability import GateConfig
 
@@ -219,6 +229,13 @@ class OnlineGate:
         shadow_concurrency: shadow runs at once (:class:`ShadowRuns`).
         shadow_queue: shadow runs waiting; past that a shadow is dropped (its label lost).
         sync_s: how often a worker reads the other workers' observations.
+        key: the secret that signs the gate's entries in a shared store, the same on every
+            worker (a list: the first signs, all verify, for rotation); default
+            ``SPECEYES_GATE_KEY``. Without one a gate refuses a shared store.
+        outage_tau: the least tau while the fleet's labels cannot be written or read, or
+            have not been read for a while (default the start tau; 1.0 accepts nothing).
+        max_age_s: observations older than this do not count (default a week; None: no
+            limit).
 
     Thread-safe: one gate serves every query of a process.
     """
@@ -240,6 +257,9 @@ class OnlineGate:
         shadow_concurrency: int = 2,
         shadow_queue: int = 64,
         sync_s: float = 1.0,
+        key: str | bytes | Sequence[str | bytes] | None = None,
+        outage_tau: float | None = None,
+        max_age_s: float | None = 7 * 86400.0,
     ) -> None:
         if not 0 < max_risk < 1:
             raise ValueError(f"max_risk must be in (0, 1), got {max_risk}")
@@ -249,22 +269,31 @@ class OnlineGate:
             raise ValueError(f"delta must be in (0, 1), got {delta}")
         if window < 2 or not 0 <= warmup <= window:
             raise ValueError(f"window must be at least 2, warmup in 0..window: {window}, {warmup}")
+        if max_age_s is not None and not max_age_s > 0:
+            raise ValueError(f"max_age_s must be positive or None, got {max_age_s}")
         config = GateConfig.load(config) if isinstance(config, (str, Path)) else config
         self.config = (config or GateConfig()).replace(**({} if tau is None else {"tau": tau}))
         self.max_risk, self.shadow_rate, self.delta = max_risk, shadow_rate, delta
         self.window, self.warmup, self.start_tau = window, warmup, self.config.tau
+        self.outage_tau = self.start_tau if outage_tau is None else outage_tau
+        if not 0 <= self.outage_tau <= 1:
+            raise ValueError(f"outage_tau must be in [0, 1], got {self.outage_tau}")
+        self.max_age_s = max_age_s
         grid = default_taus() if taus is None else taus
         self.taus = np.array(sorted({float(t) for t in grid} | {1.0}, reverse=True))
         self.tau = self.start_tau
         self.risk: float | None = None  # the window's estimate at tau, and its bound
         self.risk_bound: float | None = None
+        self.trouble: str | None = None  # why the gate is tightened now, if it is
+        self.refused: str | None = None  # why it keeps to this process's memory, if it does
         self.seen = 0  # observations this process made
         self.namespace, self.sync_s = namespace, sync_s
+        self.keys = GateKeys(key) if key is not None else GateKeys.from_env()
         self._store_choice = store
+        if isinstance(store, BaseStore) and self.keys is None:
+            raise MissingGateKey("OnlineGate(store=...)")
         self.ledger: GateLedger = (
-            StoreLedger(store, self._namespace(), window, sync_s=sync_s)
-            if isinstance(store, BaseStore)
-            else MemoryLedger(window)
+            self._store_ledger(store) if isinstance(store, BaseStore) else MemoryLedger(window)
         )
         self.shadows = ShadowRuns(shadow_concurrency, shadow_queue)
         self._rng = random.Random(seed)
@@ -273,26 +302,39 @@ class OnlineGate:
     def _namespace(self) -> tuple[str, ...]:
         return ("speceyes", "online_gate", self.namespace)
 
+    def _store_ledger(self, store: BaseStore) -> StoreLedger:
+        assert self.keys is not None
+        return StoreLedger(store, self._namespace(), self.window, self.keys, sync_s=self.sync_s)
+
     # --- where observations live ---------------------------------------------------------------
     def bind(self, store: BaseStore | None) -> None:
         """Share the run's store (``runtime.store``), if the gate was told to (``store="run"``)
-        and is not bound yet; the graph's nodes call this."""
-        if store is None or self._store_choice != "run" or self.ledger.shared:
+        and is not bound yet; the graph's nodes call this. Without a key the store is
+        refused (once, logged, in :meth:`state`): the gate keeps to this process."""
+        if store is None or self._store_choice != "run" or self.ledger.shared or self.refused:
             return
         with self._lock:
-            if not self.ledger.shared:
-                ledger = StoreLedger(store, self._namespace(), self.window, sync_s=self.sync_s)
-                self.ledger = ledger
-                log.info("online gate %r shares the run's store", self.namespace)
+            if self.ledger.shared or self.refused:
+                return
+            if self.keys is None:
+                self.refused = str(MissingGateKey(f"online gate {self.namespace!r}"))
+                log.error("%s; until then it keeps its evidence in this process", self.refused)
+                return
+            self.ledger = self._store_ledger(store)
+            log.info("online gate %r shares the run's store", self.namespace)
 
     def stale(self) -> bool:
         """Whether other workers' observations should be read before the next decision."""
         return self.ledger.stale()
 
     def refresh(self) -> None:
-        """Read other workers' observations (blocking I/O: off the event loop) and refit."""
-        if self.ledger.sync():
-            self._refit()
+        """Read other workers' observations (blocking I/O: off the event loop) and refit.
+        A failed read never raises here: the gate tightens until a read succeeds."""
+        try:
+            self.ledger.sync()
+        except Exception:  # the ledger's trouble() says what failed
+            pass
+        self._refit()
 
     # --- gating and labels ---------------------------------------------------------------------
     def decide(self, score: float | None) -> GateDecision:
@@ -309,38 +351,68 @@ class OnlineGate:
         score: float | None,
         disagrees: bool | None,
         key: str | None = None,
+        *,
+        agent_failed: bool = False,
     ) -> None:
         """One query's outcome: its decision (None: it had no draft), its score and whether
         the draft disagreed with the agent (None when no label was taken: an accepted draft
-        not shadowed, a shadow run still running or failed). ``key``: the query's own (a
-        run redelivered, or a shadow's label arriving later, replaces its entry). Moves
-        tau."""
+        not shadowed, a shadow run still running or failed). ``agent_failed``: a rejected
+        draft whose agent failed, counted as disagreeing. ``key``: the query's own (a run
+        redelivered, or a shadow's label arriving later, replaces its entry). Moves tau;
+        raises what the store raised (the gate is tightened then)."""
         accepted = decision is not None and decision.accepted
         shadowed = decision is not None and decision.shadowed
         if accepted and not shadowed:
             disagrees = None  # a label the gate did not ask for would bias the estimate
+        failed = agent_failed and not accepted and score is not None
+        if failed:
+            disagrees = True
         at = decision.at if decision is not None and decision.at else time.time()
-        observation = Observation(at, score, accepted, shadowed, disagrees)
-        self.ledger.record(key or uuid.uuid4().hex, observation)
-        with self._lock:
-            self.seen += 1
-        self._refit()
+        observation = Observation(at, score, accepted, shadowed, disagrees, failed)
+        try:
+            self.ledger.record(key or uuid.uuid4().hex, observation)
+            with self._lock:
+                self.seen += 1
+        finally:
+            self._refit()
+
+    def _evidence(self) -> list[Observation]:
+        """The window as it counts: settled, and no older than ``max_age_s``."""
+        queries = _settled(self.ledger.recent())
+        if self.max_age_s is None:
+            return queries
+        oldest = time.time() - self.max_age_s
+        return [q for q in queries if q.at >= oldest]
 
     def _refit(self) -> None:
-        recent = _settled(self.ledger.recent())
-        tau = self.start_tau
-        estimate = bound = None
+        recent = self._evidence()
+        trouble = self.ledger.trouble()
+        tau, estimate, bound = self.start_tau, None, None
         if len(recent) >= self.warmup:
             estimates, bounds = self._bounds(recent)
             tau = self._certified_tau(bounds)
+            if trouble is not None:  # fail safe: no permissive tau without live evidence
+                tau = max(tau, self.outage_tau)
             at = int(np.searchsorted(-self.taus, -tau))  # taus run from 1.0 down
-            estimate, bound = float(estimates[at]), float(bounds[at])
+            if at < len(self.taus) and self.taus[at] == tau:
+                estimate, bound = float(estimates[at]), float(bounds[at])
+        elif trouble is not None:
+            tau = max(tau, self.outage_tau)
         with self._lock:
+            before, self.trouble = self.trouble, trouble
             self.tau, self.risk, self.risk_bound = tau, estimate, bound
+        if trouble != before:
+            if trouble is None:
+                log.info("online gate %r reads and writes its labels again", self.namespace)
+            elif before is None:
+                log.warning(
+                    "online gate %r tightened to tau >= %s: %s",
+                    self.namespace, self.outage_tau, trouble,
+                )  # fmt: skip
 
     def risk_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """(estimated risk, its upper bound) of the window at each candidate in ``taus``."""
-        return self._bounds(_settled(self.ledger.recent()))
+        return self._bounds(self._evidence())
 
     def _bounds(self, queries: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
         n = len(queries)
@@ -367,8 +439,9 @@ class OnlineGate:
         return float(self.taus[last]) if last >= 0 else 1.0
 
     def state(self) -> dict[str, Any]:
-        """What a run records of the gate: the tau now, the evidence behind it, the shadow
-        runs' cost."""
+        """What a run records of the gate: the tau now, the evidence behind it, what it
+        would not count, why it is tightened or keeps to this process, the shadow runs'
+        cost. What an operator watches."""
         queries = self.ledger.recent()
         return {
             "tau": self.tau,
@@ -378,8 +451,13 @@ class OnlineGate:
             "pending": len(queries) - len(_settled(queries)),
             "labelled": sum(q.disagrees is not None for q in queries if q.score is not None),
             "shadowed": sum(q.accepted and q.disagrees is not None for q in queries),
+            "agent_failures": sum(q.failed for q in queries),
             "max_risk": self.max_risk,
             "shadow_rate": self.shadow_rate,
             "shared": self.ledger.shared,
+            "skipped": dict(self.ledger.skipped),
+            "trouble": self.trouble,
+            "tightened": self.trouble is not None,
+            "refused": self.refused,
             "shadow_runs": self.shadows.stats(),
         }

@@ -57,10 +57,15 @@ class OnlineSteps:
         return f"{run_id}|{configurable.get('checkpoint_ns', '')}"
 
     def _record(
-        self, decision: GateDecision | None, score: float | None, label: bool | None, key: str
+        self,
+        decision: GateDecision | None,
+        score: float | None,
+        label: bool | None,
+        key: str,
+        agent_failed: bool = False,
     ) -> None:
         try:
-            self.gate.observe(decision, score, label, key=key)
+            self.gate.observe(decision, score, label, key=key, agent_failed=agent_failed)
         except Exception as exc:  # the store is down: the answer stands, the label is lost
             log.warning("the online gate could not record a label: %s: %s", type(exc).__name__, exc)
 
@@ -82,10 +87,7 @@ class OnlineSteps:
         gate = self.gate
         gate.bind(store)
         if gate.stale():
-            try:
-                yield Blocking(gate.refresh)
-            except Exception as exc:  # decide on what this worker last read
-                log.warning("the online gate could not read the store: %s", exc)
+            yield Blocking(gate.refresh)  # never raises: a failed read tightens the gate
         score = _gated_score(draft)
         decision = gate.decide(score)
         gated: Draft = {
@@ -117,16 +119,16 @@ class OnlineSteps:
 
     def rejected(self, state: Mapping[str, Any], answer: str | None, failed: bool) -> Steps:
         """The label of a draft the gate rejected: whether it disagrees with the agent's
-        answer. An agent that failed gives no answer to lose against (agent-only is wrong
-        there too), so the draft counts as agreeing."""
+        answer. An agent that failed gives no agreement: the draft counts as disagreeing
+        (an outage of the agent must not teach the gate that low-scored drafts are right)."""
         key, draft = state.get("gate_key"), state.get("draft") or {}
         if key is None or "tau" not in draft:
             return
         decision = GateDecision(False, False, draft["tau"], draft.get("gated_at") or time.time())
         score = _gated_score(draft)
         options = (state.get("query") or {}).get("options")
-        label = False if failed else not answers_agree(draft.get("text"), answer, options)
-        yield Blocking(self._record, (decision, score, label, key))
+        label = True if failed else not answers_agree(draft.get("text"), answer, options)
+        yield Blocking(self._record, (decision, score, label, key, failed))
 
 
 def _gated_score(draft: Mapping[str, Any]) -> float | None:

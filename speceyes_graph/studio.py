@@ -13,7 +13,9 @@
   (0.1) of accepted drafts; its observations live in the server's store (Aegra's and
   LangGraph Platform's PostgreSQL, ``langgraph dev``'s own), so every worker and instance
   shares one gate. ``SPECEYES_GATE_WINDOW`` (2000) and ``SPECEYES_GATE_WARMUP`` (200) set its
-  window and the queries it sees before tau moves.
+  window and the queries it sees before tau moves. ``SPECEYES_GATE_KEY`` (the same secret on
+  every worker) signs its entries: only those count, and without it the gate keeps to each
+  worker's memory (docs/deployment.md, "The online gate's state").
 
 Models come from the environment, so the same file serves a laptop and a cluster:
 

@@ -37,8 +37,9 @@ CONFIG = (
     f'"speceyes_online": "{SERVE}:online_graph"}}}}'
 )
 # the online gate of the graph "speceyes_online" (tests/test_aegra.py): it moves after a few
-# queries, and shadows half the accepted drafts
+# queries, and shadows half the accepted drafts; its key is new each session
 ONLINE_GATE = {
+    "SPECEYES_GATE_KEY": os.urandom(24).hex(),  # signs the gate's entries (every instance)
     "SPECEYES_GATE_WARMUP": "10",
     "SPECEYES_GATE_WINDOW": "500",
     "SPECEYES_SHADOW_RATE": "0.5",

@@ -303,13 +303,18 @@ def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels
     two instances, one SIGKILLed while it holds runs. Every run ends ``success``; the store
     holds one entry per run (a redelivered run replaced its own); every rejected draft has
     its label; a shadow label is missing only where its run's gate decision was made on the
-    killed instance; and both instances gate at the tau a fresh gate computes from the
-    store's entries: one gate for the cluster."""
+    killed instance. Then an instance's client writes entries in the gate's shape into its
+    namespace (Aegra files them under the client's own user namespace), and entries nobody
+    signed with the deployment's key are written straight into the database; the
+    instances, a fresh one among them, gate at the tau a fresh gate computes from the
+    store's signed entries alone: one gate for the cluster, which no client steers."""
     import psycopg
     from aegra_cluster import ONLINE_GATE
+    from langgraph.store.postgres import PostgresStore
     from langgraph_sdk import get_sync_client
 
-    from speceyes_graph.ledger import _observation
+    from speceyes_graph.gate_keys import GateKeys
+    from speceyes_graph.ledger import Observation, read_entry
     from speceyes_graph.online_gate import OnlineGate
 
     while len(cluster.alive()) < 2:  # the test before killed one
@@ -354,11 +359,19 @@ def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels
     assert all(status == "success" for status, _ in outs.values()), outs
 
     namespace = "speceyes.online_gate.speceyes_online"
+    keys = GateKeys(ONLINE_GATE["SPECEYES_GATE_KEY"])
 
-    def entries() -> dict[str, dict]:
+    def rows(prefix: str = namespace) -> list[tuple[str, dict]]:
         with psycopg.connect(cluster.dsn) as conn:
-            rows = conn.execute("SELECT key, value FROM store WHERE prefix = %s", (namespace,))
-            return {key.split("|")[0]: value for key, value in rows.fetchall()}
+            found = conn.execute("SELECT key, value FROM store WHERE prefix = %s", (prefix,))
+            return list(found.fetchall())
+
+    def entries() -> dict[str, dict]:  # the gate's own: signed with the deployment's key
+        return {
+            key.split("|")[0]: value
+            for key, value in rows()
+            if isinstance(read_entry(value, namespace.split("."), key, keys), Observation)
+        }
 
     deadline = time.time() + 120  # the survivor's shadow runs finish in the background
     while time.time() < deadline:
@@ -377,8 +390,33 @@ def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels
     lost = [r for r, v in found.items() if v["shadowed"] and v["disagrees"] is None]
     assert all(ran_on.get(r, set()) & {second} for r in lost), (lost, ran_on)
 
-    # every live instance gates at the tau a fresh gate certifies from the store's entries
-    # written before its decision (all of them: each probe waits until the last has ended)
+    # a client of an instance writes into the gate's namespace: Aegra keeps it in the
+    # client's own; someone with the database but not the key writes into the gate's
+    client = get_sync_client(url=cluster.url(first))
+    now = time.time()
+    shaped = {"v": 1, "at": now, "score": 0.999, "accepted": True, "shadowed": True,
+              "disagrees": False, "failed": False}  # fmt: skip
+    for i in range(200):
+        client.store.put_item(namespace.split("."), f"client{i}", {**shaped, "mac": "x:0"})
+    assert not [k for k, _ in rows() if k.startswith("client")]
+    with psycopg.connect(cluster.dsn) as conn:
+        scoped = conn.execute(
+            "SELECT count(*) FROM store WHERE prefix LIKE %s AND key LIKE 'client%%'",
+            (f"users.%.{namespace}",),
+        ).fetchone()[0]
+    assert scoped == 200  # the client's own namespace, under its identity
+    other = GateKeys("a key that is not this deployment's")
+    with PostgresStore.from_conn_string(cluster.dsn) as outsider:
+        for i in range(300):
+            value = {**shaped, "at": now - i * 0.01}
+            if i % 2:
+                value["mac"] = other.sign(namespace.split("."), f"forged{i}", value)
+            outsider.put(tuple(namespace.split(".")), f"forged{i}", value, index=False)
+    assert len(rows()) == len(found) + 300
+
+    # every live instance gates at the tau a fresh gate certifies from the store's signed
+    # entries written before its decision (all of them: each probe waits until the last has
+    # ended)
     cluster.add()
     time.sleep(1.5)  # past each instance's sync interval: its next decision reads the store
     drafted = next(p for r, p in zip(outs, payloads) if outs[r][1]["draft"])
@@ -388,6 +426,7 @@ def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels
         tid = client.threads.create()["thread_id"]
         probes.append(client.runs.wait(tid, "speceyes_online", input=drafted)["draft"])
     stored = sorted(entries().values(), key=lambda v: v["at"])
+    FIELDS = ("at", "score", "accepted", "shadowed", "disagrees", "failed")
     expected = []
     for probe in probes:
         gate = OnlineGate(
@@ -395,7 +434,7 @@ def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels
             warmup=int(ONLINE_GATE["SPECEYES_GATE_WARMUP"]), store=None,
         )  # fmt: skip
         for n, value in enumerate(v for v in stored if v["at"] < probe["gated_at"]):
-            gate.ledger.record(str(n), _observation(value))
+            gate.ledger.record(str(n), Observation(**{k: value[k] for k in FIELDS}))
         gate._refit()
         expected.append(gate.tau)
     taus = [p["tau"] for p in probes]

@@ -22,6 +22,7 @@ from speceyes_graph.online_gate import OnlineGate
 from speceyes_graph.protocol import message_text
 
 OPTIONS = ["red", "blue"]
+KEY = "a test key for the online gate's entries"
 
 
 def query(scene, i: int, sep: float = 9.0) -> dict:
@@ -238,7 +239,9 @@ def test_workers_sharing_a_store_share_one_gate(scene, shared_store):
     """Two workers (two graphs, each with a gate of its own, as two processes have) over one
     store: what one labels moves the other's tau. Worker A sees confident drafts the agent
     contradicts; worker B, which has seen nothing itself, stops accepting them too."""
-    gates = [OnlineGate(0.05, 0.5, warmup=20, window=200, seed=s, sync_s=0.0) for s in (0, 1)]
+    gates = [
+        OnlineGate(0.05, 0.5, warmup=20, window=200, seed=s, sync_s=0.0, key=KEY) for s in (0, 1)
+    ]
     graphs = [build(agent("B"), g).compile(store=shared_store) for g in gates]
     graphs[0].batch([query(scene, i, 9.0) for i in range(40)], {"max_concurrency": 4})
     assert gates[0].shadows.drain(30)
@@ -255,12 +258,13 @@ def test_a_store_that_fails_loses_labels_not_answers(scene):
         def batch(self, ops):
             raise ConnectionError("the store is unreachable")
 
-    gate = OnlineGate(0.05, 0.5, warmup=100, seed=0)
+    gate = OnlineGate(0.05, 0.5, warmup=100, seed=0, key=KEY)
     graph = build(agent("B"), gate).compile(store=Down())
     outs = graph.batch([query(scene, i, 9.0 if i % 2 else 5.0) for i in range(4)])
     assert gate.shadows.drain(30)
     assert [o["error"] for o in outs] == [None] * 4
     assert [o["answer"] for o in outs] == ["B", "A", "B", "A"]
+    assert gate.state()["tightened"] and "cannot" in gate.state()["trouble"]
 
 
 def test_it_starts_from_a_gate_file(tmp_path):
@@ -312,24 +316,29 @@ def test_the_report_shows_the_online_gate_path(scene, tmp_path):
     assert (tmp_path / "online" / "online_gate.png").stat().st_size > 10_000
 
 
-def test_a_store_ledger_reads_only_whats_new_and_prunes_what_no_window_holds(shared_store):
+def test_a_store_ledger_keeps_the_last_window_and_prunes_what_no_window_holds(shared_store):
     """Two ledgers over one store (two workers): each reads the other's writes at its next
     sync, keeps the last ``window`` by the observations' own time whatever order the store
-    returns them in (PostgreSQL compares the filter's time as text: fixed-width), and deletes
-    entries that fell out of the window, so the namespace stays about a window long."""
+    returns them in, and deletes entries that fell out of the window, so the namespace stays
+    about a window long; a late label replaces its query's entry."""
+    import time
+
+    from speceyes_graph.gate_keys import GateKeys
     from speceyes_graph.ledger import Observation, StoreLedger
 
-    a, b = (StoreLedger(shared_store, ("t", "ledger"), 10, sync_s=0.0) for _ in range(2))
-    t0 = 1_000_000.0
+    keys = GateKeys(KEY)
+    a, b = (StoreLedger(shared_store, ("t", "ledger"), 10, keys, sync_s=0.0) for _ in range(2))
+    t0 = time.time() - 100
     for i in range(30):
-        (a if i % 2 else b).record(f"k{i}", Observation(t0 + i, 0.99, True, False, None))
+        (a if i % 2 else b).record(f"k{i}", Observation(t0 + i, 0.99, True, True, None))
     assert a.sync() and b.sync()
     for ledger in (a, b):
         assert [o.at for o in ledger.recent()] == [t0 + i for i in range(20, 30)]
     left = shared_store.search(("t", "ledger"), limit=100)
     assert len(left) == 10  # the first to read pruned what fell out of the window
-    a.record("k30", Observation(t0 + 30, 0.99, True, False, None))
-    a.record("k21", Observation(t0 + 21, 0.99, True, False, False))  # a label arriving late
+    a.record("k30", Observation(t0 + 30, 0.99, True, True, None))
+    a.record("k21", Observation(t0 + 21, 0.99, True, True, False))  # a label arriving late
     assert b.sync()
     assert [o.at for o in b.recent()] == [t0 + i for i in range(21, 31)]
     assert next(o for o in b.recent() if o.at == t0 + 21).disagrees is False
+    assert a.trouble() is None and dict(a.skipped) == {}

@@ -82,10 +82,16 @@ def dev_server(tmp_path_factory, *args, **settings):
     assert proc.returncode is not None  # the server we started is gone
 
 
+# the online gate's key, new each session: entries an earlier session left in the server's
+# store on disk (.langgraph_api) do not verify, so they do not count
+GATE_KEY = os.urandom(24).hex()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """No environment set: the shipped demo checkpoints, in the server's process."""
-    yield from dev_server(tmp_path_factory)
+    """No environment set but the online gate's key: the shipped demo checkpoints, in the
+    server's process."""
+    yield from dev_server(tmp_path_factory, SPECEYES_GATE_KEY=GATE_KEY)
 
 
 @pytest.fixture(scope="module")
@@ -172,34 +178,69 @@ def test_runs_on_one_thread_through_the_server(server, scenes):
     assert strict["route"] == "rejected-agentic" and strict["draft"]["accepted"] is False
 
 
-def test_the_online_graph_keeps_its_gate_in_the_servers_store(server, scenes):
-    """``speceyes_online`` under ``langgraph dev``: each run's draft records the tau it met,
-    and the gate's observations are in the server's own store (one per run, read back
-    through the SDK as any worker would), labelled where the agent answered."""
+def test_no_client_can_steer_the_online_gate_through_the_store_api(server, scenes):
+    """``speceyes_online`` under ``langgraph dev`` with the shipped auth rule: each run's
+    draft records the tau it met; a client that writes 2,000 entries in the gate's own shape
+    into its namespace, rewrites or deletes the entries of its own runs, writes malformed
+    values, or reads the namespace, is refused every time (HTTP 403); and the runs after
+    it gate exactly as before. (Before the rule, the same writes moved tau from 0.98 to 0.5.)
+    The gate's entries are the server's to read: tests/test_aegra.py reads them in the
+    database."""
+    import time as _time
+
     from langgraph_sdk import get_sync_client
+    from langgraph_sdk.errors import PermissionDeniedError
 
     client = get_sync_client(url=server)
-    outs = {}
-    for inputs, expected in scenes:
-        thread = client.threads.create()["thread_id"]
-        run = client.runs.create(thread, "speceyes_online", input=inputs)
-        client.runs.join(thread, run["run_id"])
-        out = client.threads.get_state(thread)["values"]
-        assert out["error"] is None and out["route"] == expected["route"]
-        outs[run["run_id"]] = out
-    # the server keeps its store on disk (.langgraph_api): earlier sessions' entries stay
-    items = client.store.search_items(["speceyes", "online_gate", "speceyes_online"], limit=1000)
-    mine = [i for i in items["items"] if i["key"].split("|")[0] in outs]
-    entries = {i["key"].split("|")[0]: i["value"] for i in mine}
-    assert len(mine) == len(entries) == len(outs)  # one entry per run
-    for run, out in outs.items():
-        if out["route"] == "judged-agentic":
-            assert entries[run]["score"] is None
-            continue
-        assert 0.5 <= out["draft"]["tau"] <= 1.0 and isinstance(out["draft"]["shadowed"], bool)
-        assert entries[run]["accepted"] == (out["route"] == "speculative")
-        if out["route"] == "rejected-agentic":
-            assert entries[run]["disagrees"] is not None
+
+    def online_runs() -> dict[str, dict]:
+        outs = {}
+        for inputs, expected in scenes:
+            thread = client.threads.create()["thread_id"]
+            out = client.runs.wait(thread, "speceyes_online", input=inputs)
+            assert out["error"] is None and out["route"] == expected["route"]
+            outs[client.runs.list(thread)[0]["run_id"]] = out
+        return outs
+
+    before = online_runs()
+    for out in before.values():
+        if out["route"] != "judged-agentic":
+            assert out["draft"]["tau"] == 0.98 and isinstance(out["draft"]["shadowed"], bool)
+
+    namespace = ["speceyes", "online_gate", "speceyes_online"]
+    now = _time.time()
+    shaped = {"at": now, "t": f"{now:020.6f}", "score": 0.999, "accepted": True,
+              "shadowed": True, "disagrees": False}  # fmt: skip
+    attempts = [
+        lambda i=i: client.store.put_item(namespace, f"fake{i}", shaped) for i in range(2000)
+    ]
+    for run in before:
+        attempts.append(lambda run=run: client.store.put_item(namespace, f"{run}|", shaped))
+        attempts.append(lambda run=run: client.store.delete_item(namespace, f"{run}|"))
+        attempts.append(lambda run=run: client.store.get_item(namespace, f"{run}|"))
+    for bad in ({"at": "inf"}, {"t": "zzz"}, {"score": "nan", "accepted": "false"}):
+        attempts.append(lambda bad=bad: client.store.put_item(namespace, "bad", {**shaped, **bad}))
+    for prefix in (namespace, namespace[:2], namespace[:1], []):
+        attempts.append(lambda prefix=prefix: client.store.search_items(prefix, limit=1000))
+    refused = 0
+    for attempt in attempts:
+        try:
+            attempt()
+        except PermissionDeniedError:
+            refused += 1
+    assert refused == len(attempts)
+    # a client's own namespaces still work
+    client.store.put_item(["mine"], "k", {"v": 1})
+    assert client.store.get_item(["mine"], "k")["value"] == {"v": 1}
+
+    _time.sleep(1.5)  # past the workers' sync interval: the next decision reads the store
+    after = online_runs()
+    assert [(o["route"], o["answer"]) for o in after.values()] == [
+        (o["route"], o["answer"]) for o in before.values()
+    ]
+    for out in after.values():
+        if out["route"] != "judged-agentic":
+            assert out["draft"]["tau"] == 0.98 and out["draft"]["gate_risk"] is None
 
 
 def test_schemas_describe_the_inputs(server):
@@ -320,7 +361,9 @@ def test_the_middleware_agent_through_the_server(server, scenes):
     routes = set()
     for inputs, _ in scenes:
         sent = message(inputs)
-        mine = local.invoke({"messages": [*history, HumanMessage(**convert_to_messages([sent])[0].model_dump())]})
+        mine = local.invoke(
+            {"messages": [*history, HumanMessage(**convert_to_messages([sent])[0].model_dump())]}
+        )
         history = mine["messages"]
         served = client.runs.wait(thread, "speceyes_agent", input={"messages": [sent]})
         assert served["speceyes"]["route"] == mine["speceyes"]["route"]
