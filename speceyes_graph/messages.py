@@ -36,6 +36,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 
 from speceyes_tools.blobs import is_blob_key
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store
+from speceyes_tools.sources import ImageLoadError
 
 from .protocol import format_tool_call, message_text
 
@@ -49,6 +50,8 @@ __all__ = [
     "image_blocks",
     "in_frame",
     "image_ref",
+    "readable_images",
+    "unreadable",
     "to_wire",
     "user_message",
 ]
@@ -135,7 +138,12 @@ def _inline_bytes(block: Any) -> bytes | None:
             data = url.partition(",")[2]
     if data is None:
         return None
-    return data if isinstance(data, bytes) else base64.b64decode(data)
+    if isinstance(data, bytes):
+        return data
+    if not isinstance(data, str):
+        raise ValueError(f"image data is a {type(data).__name__}, not base64 text")
+    data = "".join(data.split())  # line breaks, as some encoders write them
+    return base64.b64decode(data + "=" * (-len(data) % 4))  # padding lost on the way: restored
 
 
 def _map_images(message: _Message, fn: Callable[[Any], Any]) -> _Message:
@@ -210,13 +218,58 @@ def dehydrate(
     store = store or default_store()
 
     def keep(block: Any) -> Any:
-        data = _inline_bytes(block)
+        try:
+            data = _inline_bytes(block)
+        except ValueError as exc:  # binascii.Error too: no image to keep, say so instead
+            return unreadable(f"its data is not base64 ({exc})")
         if data is None:
             return block
         key = store.put(data, background=background)
         return {"type": "image", "url": key, "mime_type": block.get("mime_type", "image/png")}
 
     return _map_images(message, keep)
+
+
+def unreadable(why: str) -> dict[str, str]:
+    """The text block an image that cannot be read is replaced with: the turn says so, and
+    the thread keeps no block that would fail every later model call."""
+    return {"type": "text", "text": f"[An image here could not be read: {why}]"}
+
+
+def readable_images(message: _Message, store: ImageStore | None = None) -> _Message:
+    """The message with each image the store cannot read (under its policy: a URL or path it
+    does not allow, too large, not an image, truncated) replaced by :func:`unreadable`. The
+    readable ones are decoded now, into the store's cache, where the model's call finds
+    them; a URL's becomes its image's key (fetched once)."""
+    store = store or default_store()
+
+    def check(block: Any) -> Any:
+        ref = _image_location(block)
+        if ref is None:
+            return block
+        try:
+            key = store.intern(ref)  # a URL is fetched once, and kept by its key
+            store.get(key)
+        except ImageLoadError as exc:
+            return unreadable(str(exc))
+        if key == ref:
+            return block
+        return {"type": "image", "url": key, "mime_type": block.get("mime_type", "image/png")}
+
+    return _map_images(message, check)
+
+
+def _image_location(block: Any) -> str | None:
+    """Where an image block's picture is (a key, URL or path), else None."""
+    if not isinstance(block, dict):
+        return None
+    if block.get("type") == "image" and isinstance(block.get("url"), str):
+        return str(block["url"])
+    if block.get("type") == "image_url":
+        url = block.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        return url if isinstance(url, str) else None
+    return None
 
 
 # --- the wire format of each protocol ----------------------------------------------------------

@@ -13,9 +13,10 @@ gates it (:mod:`speceyes_graph.phases`). An accepted draft *is* the agent's repl
 ``AIMessage`` with no tool calls, so the agent ends there and no tool runs; its
 ``response_metadata["speceyes"]`` says the route, the score and tau. Otherwise the model call
 the agent was about to make is made, and the agent's loop runs unchanged. Each turn's record
-(route, the judge's output, the draft with its evidence, any error) is the state's
-``speceyes`` key. A failure of the judge or the draft never fails the agent: it answers, and
-the record says why speculation did not.
+(route, the judge's verdict, the draft's scores with the gate's evidence, any error; no
+model-written text unless ``record_text=True``, so a redaction middleware misses nothing
+there) is the state's ``speceyes`` key. A failure of the judge or the draft never fails the
+agent: it answers, and the record says why speculation did not.
 
 Images are kept the way the rest of the package keeps them (:class:`ImageStoreMiddleware`,
 which :class:`SpecEyesMiddleware` is): a pasted image or a tool's picture is moved into the
@@ -36,6 +37,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, cast
@@ -64,7 +66,7 @@ from speceyes_tools.images import ImageStore, default_store, store_scope
 
 from . import phases
 from .effects import Blocking, Steps, arun_steps, run_steps
-from .messages import bare_model, dehydrate, for_model, in_frame, to_wire
+from .messages import bare_model, dehydrate, for_model, in_frame, readable_images, to_wire
 from .online_gate import OnlineGate
 from .online_steps import OnlineSteps
 from .prompts import Prompts
@@ -150,10 +152,16 @@ class ImageStoreMiddleware(AgentMiddleware[Any, Any]):
     # --- pictures in ----------------------------------------------------------------------------
 
     def _kept(self, messages: Sequence[BaseMessage], background: bool) -> list[BaseMessage]:
+        """The human messages that change: pixels moved into the store; and in this turn's
+        (those since the last AI message) each image the store cannot read replaced by a
+        note saying why, so the agent still answers and no later turn trips on it."""
+        last_ai = max((i for i, m in enumerate(messages) if isinstance(m, AIMessage)), default=-1)
         kept: list[BaseMessage] = []
-        for message in messages:
+        for i, message in enumerate(messages):
             if isinstance(message, HumanMessage):
                 new = dehydrate(message, self.store, background=background)
+                if i > last_ai:
+                    new = readable_images(new, self.store)
                 if new is not message:
                     kept.append(new)
         return kept
@@ -231,6 +239,12 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         shadow: with an online gate, the agent that labels a shadowed accepted draft: any
             agent over messages, run off the user's path on the turn's message (default:
             ``create_agent`` with the agent's model, tools and system prompt).
+        record_text: keep the draft's text and tokens and the judge's reply in the turn's
+            record (the state's ``speceyes`` key, and so the checkpoints). Off by default:
+            a redaction middleware (``PIIMiddleware``) sees the messages, not this record,
+            so the record holds no model-written text: the route, the judge's verdict
+            (``"yes"``/``"no"``), the draft's scores and the gate's evidence. An accepted
+            draft's text is the reply message, where redaction sees it.
     """
 
     state_schema = SpecEyesAgentState
@@ -247,8 +261,14 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         limits: Limits | None = None,
         store: ImageStore | None = None,
         shadow: Runnable[Any, Any] | None = None,
+        record_text: bool = False,
     ) -> None:
         super().__init__(store)
+        self.record_text = record_text
+        # a rejected draft's text until the agent's answer labels it (an online gate): kept
+        # here, not in the state, so no checkpoint holds it; bounded (a turn interrupted for
+        # good never comes back for it)
+        self._rejected_texts: OrderedDict[str, str] = OrderedDict()
         self.speculator = phases.internal(speculator, "speculator")
         self.judge = judge
         self.online = gate if isinstance(gate, OnlineGate) else None
@@ -313,7 +333,9 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
             record["route"] = "judged-agentic"
             record["error"] = f"judge: {type(exc).__name__}: {exc}"
             return record, None
-        record["judge_output"] = judgement.output
+        record["judge_output"] = (
+            judgement.output if self.record_text else ("yes" if judgement.tools_needed else "no")
+        )
         record["timings"] = {"judge": time.perf_counter() - t0}
         if judgement.tools_needed:
             record["route"] = "judged-agentic"
@@ -335,10 +357,14 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         if self.steps is not None:
             turn = {"gate_key": key, "query": query, "request": request}
             draft = yield from self.steps.decide(turn, draft, store)
-        record["draft"] = draft
+        record["draft"] = draft if self.record_text else _without_text(draft)
         record["timings"]["speculate"] = time.perf_counter() - t0
         if not draft.get("accepted"):
             record["route"] = "rejected-agentic"
+            if self.steps is not None and draft.get("text"):
+                self._rejected_texts[key] = draft["text"]
+                while len(self._rejected_texts) > 10_000:
+                    self._rejected_texts.popitem(last=False)
             return record, None
         record["route"] = "speculative"
         meta = {"route": "speculative", "score": draft.get("score")}
@@ -403,9 +429,13 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         last = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
         text = message_text(last) if last is not None and not last.tool_calls else ""
         answer = extract_answer(text) or text.strip() or None
+        draft = dict(record.get("draft") or {})
+        drafted = self._rejected_texts.pop(record.get("gate_key") or "", None)
+        if drafted is not None:
+            draft["text"] = drafted
         turn = {
             "gate_key": record.get("gate_key"),
-            "draft": record.get("draft"),
+            "draft": draft,
             "query": {"options": record.get("options")},
         }
         yield from self.steps.rejected(turn, answer, failed=answer is None)
@@ -453,3 +483,10 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
             )
             self._default_shadows[key] = agent
         return agent
+
+
+def _without_text(draft: Draft) -> Draft:
+    """A draft as the record keeps it by default: no model-written text (its tokens and
+    per-step texts included), its scores and the gate's evidence kept."""
+    kept = {k: v for k, v in draft.items() if k not in ("text", "tokens", "steps")}
+    return cast(Draft, kept)

@@ -93,7 +93,7 @@ def test_an_accepted_draft_is_the_reply_no_agent_call_no_tool(scene):
     assert calls == []  # no tool ran
     record = out["speceyes"]
     assert record["route"] == "speculative" and record["judge_output"] == "no"
-    assert record["draft"]["accepted"] and record["draft"]["tokens"] == ["blue"]
+    assert record["draft"]["accepted"] and "tokens" not in record["draft"]  # the reply has it
 
 
 def sent(messages):
@@ -345,3 +345,107 @@ def test_create_agent_with_the_middleware_answers_as_the_graph_does(demo_queries
     want = [(e["route"], e["answer"]) for e in expected]
     assert {r for r, _ in want} == {"speculative", "rejected-agentic", "judged-agentic"}
     assert got == want
+
+
+def _pasted(kind: str, scene: str) -> dict:
+    png = open(scene, "rb").read()
+    data = {
+        "bad padding": "aGVsbG8",
+        "not base64": "this is not base64 at all!",
+        "not an image": base64.b64encode(b"plain text, not a picture").decode(),
+        "truncated": base64.b64encode(png[:300]).decode(),
+        # a length that needs padding (a byte after IEND, which decoders ignore), then lost
+        "padding lost": base64.b64encode(png + b"\0" * (len(png) % 3 == 0)).decode().rstrip("="),
+    }.get(kind)
+    if data is not None:
+        return {"type": "image", "base64": data, "mime_type": "image/png"}
+    if kind == "url not allowed":
+        return {"type": "image", "url": "http://127.0.0.1:9/x.png"}
+    assert kind == "too large"
+    return {"type": "image", "base64": base64.b64encode(png).decode(), "mime_type": "image/png"}
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "bad padding",
+        "not base64",
+        "not an image",
+        "truncated",
+        "too large",
+        "url not allowed",
+        "padding lost",
+    ],
+)
+def test_an_unreadable_pasted_image_gets_a_clear_note_and_the_thread_goes_on(scene, kind):
+    """A pasted image the store cannot read (issue 55): the turn is answered by the agent,
+    the human message keeps a note saying why in the image's place (so no later turn trips
+    on it), and the next turn of the thread is served as usual. Before, bad base64 raised
+    from before_agent, and the stuck message failed every later turn."""
+    from speceyes_tools.images import ImagePolicy, ImageStore
+
+    policy = ImagePolicy.strict(max_pixels=10_000) if kind == "too large" else ImagePolicy.strict()
+    store = ImageStore(policy=policy)
+    saver = InMemorySaver()
+    agent = create_agent(
+        large_model(), [make_zoom_tool()],
+        middleware=[SpecEyesMiddleware(small_model(), store=store)], checkpointer=saver,
+    )  # fmt: skip
+    thread = {"configurable": {"thread_id": kind}}
+    first = agent.invoke(
+        {"messages": [HumanMessage(content=[_pasted(kind, scene), {"type": "text", "text": BIG}])]},
+        thread,
+    )
+    asked = first["messages"][0].content
+    assert isinstance(first["messages"][-1], AIMessage)
+    if kind == "padding lost":  # a real image: read as meant
+        assert first["speceyes"]["route"] == "speculative"
+        assert asked[0]["url"].startswith("blob://")
+    else:
+        notes = [
+            b["text"] for b in asked if b.get("type") == "text" and "could not be read" in b["text"]
+        ]
+        assert len(notes) == 1 and not [b for b in asked if b.get("type") != "text"], asked
+        assert "base64" not in json.dumps(asked)
+    if kind in ("too large", "url not allowed"):  # the note says why
+        assert ("the limit is" if kind == "too large" else "not accepted here") in notes[0], notes
+    store.policy = ImagePolicy.strict()  # the next image fits
+    second = agent.invoke(turn(scene, BIG), thread)
+    assert second["speceyes"]["route"] == "speculative" and second["messages"][-1].content == "blue"
+
+
+@pytest.mark.parametrize("order", ["speceyes first", "pii first"])
+def test_the_record_holds_no_text_a_redaction_middleware_cannot_see(scene, order):
+    """LangChain's PIIMiddleware redacts e-mail addresses in the messages; the SpecEyes
+    record (the state's ``speceyes`` key, in every checkpoint) keeps no model-written text
+    for it to miss, for an accepted draft and a rejected one, in either order (issue 55).
+    The rejected draft still gets its online-gate label from the agent's answer."""
+    from langchain.agents.middleware import PIIMiddleware
+
+    address = "ann.smith@example.com"
+    small = speculator(f"mail {address}", lambda q: 5.0 if "unsure" in q else 9.0)
+    gate = OnlineGate(0.05, 0.1, warmup=1000, seed=0)
+    speceyes = SpecEyesMiddleware(small, gate=gate)
+    pii = PIIMiddleware("email", strategy="redact", apply_to_output=True)
+    saver = InMemorySaver()
+    agent = create_agent(
+        large_model(), [make_zoom_tool()], checkpointer=saver,
+        middleware=[speceyes, pii] if order == "speceyes first" else [pii, speceyes],
+    )  # fmt: skip
+    thread = {"configurable": {"thread_id": "t"}}
+    routes = [agent.invoke(turn(scene, q), thread)["speceyes"]["route"] for q in (BIG, "unsure? " + BIG)]
+    assert routes == ["speculative", "rejected-agentic"]
+    history = [s.values.get("speceyes") for s in agent.get_state_history(thread)]
+    assert address not in json.dumps(history, default=str)
+    rows = [r for r in saver_rows(saver) if r.channel == "speceyes"]
+    assert rows and not [r for r in rows if address.encode() in r.data]
+    records = [h for h in history if h and h.get("draft")]
+    assert records and all("text" not in h["draft"] and "score" in h["draft"] for h in records)
+    assert gate.shadows.drain(30)
+    [rejected] = [o for o in gate.ledger.recent() if not o.accepted]
+    assert rejected.disagrees is True  # the agent said red, the draft an address
+
+
+def test_the_record_keeps_the_text_when_asked(scene):
+    out = agent_of(large_model(), small_model(), record_text=True).invoke(turn(scene, BIG))
+    assert out["speceyes"]["draft"]["tokens"] == ["blue"] and out["speceyes"]["draft"]["text"] == "blue"
