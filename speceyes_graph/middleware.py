@@ -40,7 +40,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, NamedTuple, cast
 
 from langchain.agents.middleware import (
     AgentMiddleware,
@@ -65,6 +65,7 @@ from speceyes_tools.deadlines import deadline_scope, to_worker_thread
 from speceyes_tools.images import ImageStore, default_store, store_scope
 
 from . import phases
+from .draft_reply import areplay, replay
 from .effects import Blocking, Steps, arun_steps, run_steps
 from .messages import bare_model, dehydrate, for_model, in_frame, readable_images, to_wire
 from .online_gate import OnlineGate
@@ -84,6 +85,14 @@ __all__ = [
     "SpecEyesTurn",
     "pixel_free_agent",
 ]
+
+
+class _Outcome(NamedTuple):
+    """A turn's speculation: its record, the accepted reply (or None), the draft's tokens."""
+
+    record: SpecEyesTurn
+    reply: AIMessage | None
+    tokens: list[str] | None = None
 
 
 class SpecEyesTurn(TypedDict, total=False):
@@ -269,6 +278,10 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         # here, not in the state, so no checkpoint holds it; bounded (a turn interrupted for
         # good never comes back for it)
         self._rejected_texts: OrderedDict[str, str] = OrderedDict()
+        # each human turn's outcome by its message's id: a retry or fallback middleware
+        # around this one calls it again for the same turn, which must not judge and draft
+        # again (nor judge with the fallback model); bounded, as above
+        self._turns: OrderedDict[str, _Outcome] = OrderedDict()
         self.speculator = phases.internal(speculator, "speculator")
         self.judge = judge
         self.online = gate if isinstance(gate, OnlineGate) else None
@@ -312,12 +325,12 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         }
         if request.response_format is not None:
             record["error"] = "not speculated: the agent answers in a structured format"
-            return record, None
+            return _Outcome(record, None)
         try:
             query = yield Blocking(self._read, (asked, model))
         except Exception as exc:
             record["error"] = f"not speculated: {type(exc).__name__}: {exc}"
-            return record, None
+            return _Outcome(record, None)
         key = self._gate_key()
         record["gate_key"], record["options"] = key, query["options"]
         store = request.runtime.store if request.runtime is not None else None
@@ -332,7 +345,7 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         except Exception as exc:  # the agent answers: the safe default
             record["route"] = "judged-agentic"
             record["error"] = f"judge: {type(exc).__name__}: {exc}"
-            return record, None
+            return _Outcome(record, None)
         record["judge_output"] = (
             judgement.output if self.record_text else ("yes" if judgement.tools_needed else "no")
         )
@@ -341,7 +354,7 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
             record["route"] = "judged-agentic"
             if self.steps is not None:
                 yield from self.steps.no_draft(key, store)
-            return record, None
+            return _Outcome(record, None)
         try:
             reply = yield from phases.draft(
                 self.speculator,
@@ -365,11 +378,14 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
                 self._rejected_texts[key] = draft["text"]
                 while len(self._rejected_texts) > 10_000:
                     self._rejected_texts.popitem(last=False)
-            return record, None
+            return _Outcome(record, None)
         record["route"] = "speculative"
         meta = {"route": "speculative", "score": draft.get("score")}
         meta["tau"] = draft.get("tau", self.gate.tau)
-        return record, AIMessage(content=draft["text"], response_metadata={"speceyes": meta})
+        reply = AIMessage(
+            content=draft["text"], id=f"speceyes-{uuid.uuid4()}", response_metadata={"speceyes": meta}
+        )
+        return _Outcome(record, reply, draft.get("tokens"))
 
     def _read(self, asked: Mapping[str, Any], model: Any) -> dict[str, Any]:
         """The turn's query, checked as the graph's intake checks one, its images decoded."""
@@ -395,14 +411,32 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
             model_response=response, command=Command(update={"speceyes": record})
         )
 
+    def _seen(self, request: ModelRequest) -> tuple[str | None, Any]:
+        """(the turn's id, its outcome if this turn was speculated on already)."""
+        turn_id = request.messages[-1].id
+        return turn_id, self._turns.get(turn_id) if turn_id else None
+
+    def _remember(
+        self, turn_id: str | None, outcome: _Outcome
+    ) -> _Outcome:
+        if turn_id:
+            self._turns[turn_id] = outcome
+            while len(self._turns) > 10_000:
+                self._turns.popitem(last=False)
+        return outcome
+
     def wrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]
     ) -> Any:
         asked = self._turn(request)
         if asked is None:
             return super().wrap_model_call(request, handler)
-        record, reply = run_steps(self._speculate(request, asked))
+        turn_id, seen = self._seen(request)
+        record, reply, tokens = seen or self._remember(
+            turn_id, run_steps(self._speculate(request, asked))
+        )
         if reply is not None:  # the draft is the reply: no model call, no tool
+            replay(reply, tokens, request.messages[-1:])
             return self._answer(record, ModelResponse(result=[reply]))
         return self._answer(record, super().wrap_model_call(request, handler))
 
@@ -414,8 +448,12 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         asked = self._turn(request)
         if asked is None:
             return await super().awrap_model_call(request, handler)
-        record, reply = await arun_steps(self._speculate(request, asked))
+        turn_id, seen = self._seen(request)
+        record, reply, tokens = seen or self._remember(
+            turn_id, await arun_steps(self._speculate(request, asked))
+        )
         if reply is not None:
+            await areplay(reply, tokens, request.messages[-1:])
             return self._answer(record, ModelResponse(result=[reply]))
         return self._answer(record, await super().awrap_model_call(request, handler))
 

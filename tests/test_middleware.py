@@ -24,7 +24,7 @@ from speceyes_graph import GateConfig, ImageStoreMiddleware, OnlineGate, SpecEye
 from speceyes_graph.middleware import pixel_free_agent
 from speceyes_graph.models import ScriptedChatModel
 from speceyes_graph.protocol import message_text
-from speceyes_tools.vision import make_zoom_tool
+from speceyes_tools.vision import make_crop_tool, make_zoom_tool
 
 # the question says what the scripted models do: "tiny" needs tools, "unsure" drafts weakly
 BIG, TINY, UNSURE = "What colour is the big square?", "What colour is the tiny square?", "unsure?"
@@ -168,7 +168,7 @@ def test_sync_async_and_streamed_runs_agree(scene):
                     ("rejected-agentic", "<answer>red</answer>")]  # fmt: skip
     # stream_mode="messages": the reply, never the judge's "no" or the draft being written
     streamed = [m for m, _ in agent.stream(turn(scene, BIG), stream_mode="messages")]
-    assert [(m.type, m.content) for m in streamed] == [("ai", "blue")]
+    assert [(m.type, m.content) for m in streamed] == [("AIMessageChunk", "blue")]  # its token
     streamed = [m for m, _ in agent.stream(turn(scene, TINY), stream_mode="messages")]
     assert [m.type for m in streamed] == ["ai", "tool", "ai"]
 
@@ -449,3 +449,104 @@ def test_the_record_holds_no_text_a_redaction_middleware_cannot_see(scene, order
 def test_the_record_keeps_the_text_when_asked(scene):
     out = agent_of(large_model(), small_model(), record_text=True).invoke(turn(scene, BIG))
     assert out["speceyes"]["draft"]["tokens"] == ["blue"] and out["speceyes"]["draft"]["text"] == "blue"
+
+
+def test_retries_and_fallbacks_around_it_judge_and_draft_once_per_turn(scene):
+    """LangChain's ModelRetryMiddleware and ModelFallbackMiddleware call the model call
+    again for the same turn: SpecEyes inside them judges and drafts once, and the route is
+    the same whichever order they are stacked in (issue 55)."""
+    from langchain.agents.middleware import ModelFallbackMiddleware, ModelRetryMiddleware
+
+    def flaky_large():
+        model = large_model()
+        inner, failed = model.respond, []
+
+        def respond(msgs):
+            if "yes or no" not in question_of(msgs) and not failed:
+                failed.append(1)
+                raise RuntimeError("the agent's server hiccuped")
+            return inner(msgs)
+
+        model.respond = respond
+        return model
+
+    for order in ("retry outside", "retry inside"):
+        large, small = flaky_large(), small_model()
+        retry = ModelRetryMiddleware(max_retries=2, initial_delay=0.0, jitter=False)
+        speceyes = SpecEyesMiddleware(small)
+        stack = [retry, speceyes] if order == "retry outside" else [speceyes, retry]
+        out = create_agent(large, [make_zoom_tool()], middleware=stack).invoke(
+            turn(scene, "unsure? " + BIG)
+        )
+        assert out["speceyes"]["route"] == "rejected-agentic", order
+        assert small.calls == 1, order  # one draft
+        judged = [m for m in large.received if "yes or no" in question_of(m)]
+        assert len(judged) == 1, order  # one judge call
+        assert out["messages"][-1].content == "<answer>red</answer>"
+
+    routes = []
+    for order in ("fallback outside", "fallback inside"):
+        dead = large_model(fail_judge=True)
+        dead.respond = lambda msgs: (_ for _ in ()).throw(RuntimeError("the primary is down"))
+        backup, small = large_model(), small_model()
+        fallback, speceyes = ModelFallbackMiddleware(backup), SpecEyesMiddleware(small)
+        stack = [fallback, speceyes] if order == "fallback outside" else [speceyes, fallback]
+        out = create_agent(dead, [make_zoom_tool()], middleware=stack).invoke(turn(scene, BIG))
+        routes.append(out["speceyes"]["route"])
+        assert "primary is down" in out["speceyes"]["error"], order
+        assert small.calls == 0 and out["messages"][-1].content == "<answer>red</answer>", order
+    assert routes == ["judged-agentic", "judged-agentic"]
+
+
+def test_an_accepted_draft_streams_as_token_chunks(scene):
+    """In ``stream_mode="messages"`` an accepted draft arrives as the agent's replies do:
+    chunks of its tokens, with the id of the reply the state keeps, and nothing of the
+    judge's or the draft's own calls (issue 55). Sync and async alike."""
+    from speceyes_graph.models import fake_logprobs
+
+    tokens = ["the", " blue", " one"]
+    small = ScriptedChatModel(
+        respond=lambda msgs: AIMessage(
+            content="".join(tokens), response_metadata={"logprobs": fake_logprobs(tokens, [9.0] * 3)}
+        )
+    )
+    agent = create_agent(large_model(), [make_zoom_tool()], middleware=[SpecEyesMiddleware(small)])
+
+    async def astream():
+        return [c async for c, _ in agent.astream(turn(scene, BIG), stream_mode="messages")]
+
+    for streamed in (
+        [c for c, _ in agent.stream(turn(scene, BIG), stream_mode="messages")],
+        asyncio.run(astream()),
+    ):
+        assert [c.content for c in streamed] == tokens
+        assert len({c.id for c in streamed}) == 1
+        assert streamed[-1].response_metadata["speceyes"]["route"] == "speculative"
+    final = agent.invoke(turn(scene, BIG))["messages"][-1]
+    assert final.content == "the blue one" and final.id.startswith("speceyes-")
+
+
+def test_a_tool_selector_inside_it_gets_what_its_model_can_read_and_skips_accepted_turns(scene):
+    """LangChain's LLMToolSelectorMiddleware placed after SpecEyes (inside it), as the docs'
+    table says: it never runs on an accepted turn, and its own model (here one that does
+    not read the image store, as a served one) is sent the image as base64, not a
+    ``blob://`` key."""
+    from langchain.agents.middleware import LLMToolSelectorMiddleware
+
+    seen = []
+
+    def pick(msgs):
+        seen.append(json.dumps([m.content for m in msgs]))
+        call = {"name": "ToolSelectionResponse", "args": {"tools": ["zoom"]}, "id": "pick-1"}
+        return AIMessage(content="", tool_calls=[call])
+
+    selector = LLMToolSelectorMiddleware(model=ScriptedChatModel(respond=pick), max_tools=1)
+    agent = create_agent(
+        large_model(), [make_zoom_tool(), make_crop_tool()],
+        middleware=[SpecEyesMiddleware(small_model()), selector],
+    )  # fmt: skip
+    assert agent.invoke(turn(scene, BIG))["speceyes"]["route"] == "speculative"
+    assert seen == []  # not run on an accepted turn
+    out = agent.invoke(turn(scene, TINY))
+    assert out["messages"][-1].content == "<answer>red</answer>" and seen
+    assert all("blob://" not in s for s in seen) and "iVBORw0KGgo" in seen[0]
