@@ -183,6 +183,23 @@ def postgres_dsn(postgres, request):
 _DATABASES: list[str] = []
 
 
+@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.postgres)])
+def shared_store(request):
+    """A LangGraph store several workers share: LangGraph's in-memory one, and PostgreSQL's
+    (a fresh database per test)."""
+    if request.param == "memory":
+        from langgraph.store.memory import InMemoryStore
+
+        yield InMemoryStore()
+        return
+    from langgraph.store.postgres import PostgresStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    with PostgresStore.from_conn_string(dsn) as store:
+        store.setup()
+        yield store
+
+
 # --- the engine tests: one engine's servers at a time, on one worker --------------------------
 #
 # A pair of engine servers holds about 5 GB and keeps a core busy while it starts, so the tests

@@ -35,21 +35,6 @@ def gate_key(monkeypatch):
     monkeypatch.setenv("SPECEYES_GATE_KEY", KEY)
 
 
-@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store(request):
-    if request.param == "memory":
-        yield InMemoryStore()
-        return
-    from langgraph.store.postgres import PostgresStore
-
-    dsn = request.getfixturevalue("postgres_dsn")
-    with PostgresStore.from_conn_string(dsn) as pg:
-        pg.setup()
-        for item in pg.search(NAMESPACE, limit=10_000):  # a module-wide database
-            pg.delete(NAMESPACE, item.key)
-        yield pg
-
-
 def worker(store, **kw) -> OnlineGate:
     settings = {"window": 400, "warmup": 50, "sync_s": 0.0, "seed": 0, **kw}
     return OnlineGate(0.05, 0.5, store=store, **settings)
@@ -113,11 +98,12 @@ def malformed(now: float) -> list[object]:
     return bad
 
 
-def test_fabricated_and_malformed_entries_change_no_decision(store):
-    """2,000 entries in the gate's own shape that its key did not sign, 17 malformed ones
+def test_fabricated_and_malformed_entries_change_no_decision(shared_store):
+    """2,000 entries in the gate's own shape that its key did not sign, 16 malformed ones
     and signed ones dated ten years ahead, written straight into the store (past any API
     rule): every worker decides as before, a fresh one too; each is skipped and counted,
     and no read raises."""
+    store = shared_store
     gate = worker(store)
     teach(gate)
     before = decisions(gate)
@@ -154,9 +140,10 @@ def test_fabricated_and_malformed_entries_change_no_decision(store):
     assert gate.state()["trouble"] is None and len(gate.ledger.recent()) == 300
 
 
-def test_a_worker_follows_deletions_and_overwrites_as_a_fresh_worker_would(store):
+def test_a_worker_follows_deletions_and_overwrites_as_a_fresh_worker_would(shared_store):
     """Entries deleted or overwritten in the store: a running worker's window becomes what
     a fresh worker builds from the store (it used to keep its own, only ever adding)."""
+    store = shared_store
     gate = worker(store)
     teach(gate)
     for i in range(0, 300, 3):

@@ -222,19 +222,6 @@ def test_a_reused_thread_and_a_redelivered_run_are_observed_once_each(scene):
     assert len(entries(gate)) == 4
 
 
-@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.postgres)])
-def shared_store(request):
-    if request.param == "memory":
-        yield InMemoryStore()
-        return
-    from langgraph.store.postgres import PostgresStore
-
-    dsn = request.getfixturevalue("postgres_dsn")
-    with PostgresStore.from_conn_string(dsn) as store:
-        store.setup()
-        yield store
-
-
 def test_workers_sharing_a_store_share_one_gate(scene, shared_store):
     """Two workers (two graphs, each with a gate of its own, as two processes have) over one
     store: what one labels moves the other's tau. Worker A sees confident drafts the agent
