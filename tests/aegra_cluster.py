@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
+
+from speceyes_graph.models.servers import free_port  # never hands a port out twice
 
 ROOT = Path(__file__).resolve().parent.parent
 AEGRA = ROOT / ".venv-aegra" / "bin" / "aegra"
@@ -46,10 +47,6 @@ ONLINE_GATE = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class AegraCluster:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 from pathlib import Path
+
+from speceyes_graph.models.servers import free_port  # never hands a port out twice
 
 __all__ = ["PostgresServer", "PostgresUnavailable"]
 
@@ -36,12 +37,6 @@ def _bindir() -> Path:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PostgresServer:
     """``with PostgresServer(folder) as pg: pg.dsn("mydb")``."""
 
@@ -51,7 +46,7 @@ class PostgresServer:
         self.root = Path(root)
         self.data = self.root / "data"
         self.socket_dir = self.root / "socket"
-        self.port = _free_port()  # names the socket file; nothing listens on TCP
+        self.port = free_port()  # names the socket file; nothing listens on TCP
         self.bin = _bindir()
         self._as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 

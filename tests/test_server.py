@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,16 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from speceyes_graph.models.servers import free_port  # never hands a port out twice
+
 pytestmark = pytest.mark.server
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is the color of the object?"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def dev_server(tmp_path_factory, *args, **settings):

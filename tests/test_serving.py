@@ -503,4 +503,4 @@ def test_a_port_given_to_one_server_is_not_given_to_the_next(monkeypatch):
 
     monkeypatch.setattr(servers.socket, "socket", Kernel)
     monkeypatch.setattr(servers, "_HANDED_OUT", set(), raising=False)
-    assert [servers._free_port("127.0.0.1") for _ in range(3)] == [41001, 41002, 41003]
+    assert [servers.free_port("127.0.0.1") for _ in range(3)] == [41001, 41002, 41003]

@@ -153,7 +153,6 @@ def test_an_install_runs_the_demo_and_serves_from_its_own_config(installed, tmp_
     import json
     import os
     import signal
-    import socket
     import time
     import urllib.request
 
@@ -161,6 +160,7 @@ def test_an_install_runs_the_demo_and_serves_from_its_own_config(installed, tmp_
 
     from speceyes_graph import create_speceyes_graph
     from speceyes_graph.demo import DEMO_GRAPH_SETTINGS, demo_queries
+    from speceyes_graph.models.servers import free_port
 
     speceyes = installed.with_name("speceyes")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECEYES_")}
@@ -182,9 +182,7 @@ def test_an_install_runs_the_demo_and_serves_from_its_own_config(installed, tmp_
     serve_py = Path(aegra["graphs"]["speceyes"].rsplit(":", 1)[0])
     assert serve_py.exists() and str(ROOT) not in str(serve_py)  # the installed file
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = open(tmp_path / "dev.log", "w+")
     server = subprocess.Popen(
         [str(installed), "-m", "langgraph_cli", "dev", "--config", str(config), "--port",

@@ -75,7 +75,7 @@ def find_engine_python(engine: str) -> str:
 _HANDED_OUT: set[int] = set()  # ports given to servers this process started
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     """A port free now and not given out before by this process: a server binds its ports
     seconds after it is launched, so a port handed to one (a router's metrics port) is still
     free when the next server's is picked, and the kernel may pick it again; two servers on
@@ -147,7 +147,7 @@ class EngineServer:
     def start(self) -> EngineServer:
         """Launch the server (returns at once; :meth:`wait` waits for it)."""
         python = self.python or find_engine_python(self.engine)
-        self.port = self.port or _free_port(self.host)
+        self.port = self.port or free_port(self.host)
         if self.log_path is None:
             fd, path = tempfile.mkstemp(
                 prefix=f"{self.engine}-{self.name or 'server'}-", suffix=".log"
@@ -293,7 +293,7 @@ class VLLMRouter(EngineServer):
             )
         return [
             str(router), "--host", self.host, "--port", str(self.port),
-            "--prometheus-port", str(_free_port(self.host)), "--policy", self.policy,
+            "--prometheus-port", str(free_port(self.host)), "--policy", self.policy,
             *(["--enable-igw"] if self.igw else ["--worker-urls", *self.worker_urls()]),
             *self.extra_args,
         ]  # fmt: skip
