@@ -375,9 +375,7 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         if not draft.get("accepted"):
             record["route"] = "rejected-agentic"
             if self.steps is not None and draft.get("text"):
-                self._rejected_texts[key] = draft["text"]
-                while len(self._rejected_texts) > 10_000:
-                    self._rejected_texts.popitem(last=False)
+                _keep(self._rejected_texts, key, draft["text"])
             return _Outcome(record, None)
         record["route"] = "speculative"
         meta = {"route": "speculative", "score": draft.get("score")}
@@ -420,9 +418,7 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         self, turn_id: str | None, outcome: _Outcome
     ) -> _Outcome:
         if turn_id:
-            self._turns[turn_id] = outcome
-            while len(self._turns) > 10_000:
-                self._turns.popitem(last=False)
+            _keep(self._turns, turn_id, outcome)
         return outcome
 
     def wrap_model_call(
@@ -528,3 +524,11 @@ def _without_text(draft: Draft) -> Draft:
     per-step texts included), its scores and the gate's evidence kept."""
     kept = {k: v for k, v in draft.items() if k not in ("text", "tokens", "steps")}
     return cast(Draft, kept)
+
+
+def _keep(memory: OrderedDict[str, Any], key: str, value: Any, most: int = 10_000) -> None:
+    """Remember ``value`` for a turn, forgetting the oldest past ``most`` (a turn that never
+    comes back for it must not grow a worker's memory)."""
+    memory[key] = value
+    while len(memory) > most:
+        memory.popitem(last=False)
