@@ -22,7 +22,13 @@ is *sent* is a view of that transcript in its protocol (:func:`to_wire`):
   Thyme was trained and the published harness runs it;
 - ``native``: tool calls stay structured, tool messages keep their text, and images go in a
   user turn right after them, since OpenAI-compatible servers reject images in tool
-  messages.
+  messages. That turn is a ``ChatMessage(role="user")`` for a model whose integration sends
+  one as a user turn (:func:`takes_chat_role`: ``ChatOpenAI`` and the package's models), so
+  middlewares that read "the last user message" (LangChain's ``LLMToolSelectorMiddleware``)
+  still find the user's question, not the tools' images; a ``HumanMessage`` for any other
+  model (Anthropic's integration, for one, has no ``ChatMessage``).
+
+:func:`wire_messages` is all of it for one call: the frame, the protocol, the images.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, ToolMessage
 
 from speceyes_tools.blobs import is_blob_key
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store
@@ -51,9 +57,11 @@ __all__ = [
     "in_frame",
     "image_ref",
     "readable_images",
+    "takes_chat_role",
     "unreadable",
     "to_wire",
     "user_message",
+    "wire_messages",
 ]
 
 Protocol = Literal["deepeyes", "native", "thyme"]
@@ -183,6 +191,37 @@ def accepts_image_refs(model: Any) -> bool:
     return bool(getattr(bare_model(model), "accepts_image_refs", False))
 
 
+def takes_chat_role(model: Any) -> bool:
+    """Whether a model (or a binding of one) sends a ``ChatMessage(role="user")`` as a user
+    turn: langchain-openai's models do, and the package's own (``takes_chat_role``)."""
+    bare = bare_model(model)
+    if getattr(bare, "takes_chat_role", False):
+        return True
+    try:
+        from langchain_openai.chat_models.base import BaseChatOpenAI
+    except ImportError:  # an extra: without it no model is one
+        return False
+    return isinstance(bare, BaseChatOpenAI)
+
+
+def wire_messages(
+    messages: Sequence[BaseMessage], model: Any, store: ImageStore
+) -> list[BaseMessage]:
+    """What a user's own agent's model is sent for ``messages`` of the state: the query's
+    images in the model's frame (:func:`in_frame`), the tools' images in a user turn after
+    them (the ``native`` protocol of :func:`to_wire`), pixels as the model takes them
+    (:func:`for_model`)."""
+    bare = bare_model(model)
+    framed = in_frame(messages, getattr(bare, "resize_spec", None), store)
+    if any(isinstance(m, ToolMessage) and _has_image(m) for m in framed):
+        framed = to_wire(framed, "native", chat_role=takes_chat_role(bare))
+    return for_model(framed, bare, store)
+
+
+def _has_image(message: BaseMessage) -> bool:
+    return any(b.get("type") in ("image", "image_url") for b in _blocks(message.content))
+
+
 def for_model(
     messages: Sequence[BaseMessage], model: Any, store: ImageStore | None = None
 ) -> list[BaseMessage]:
@@ -291,6 +330,7 @@ def to_wire(
     protocol: Protocol,
     instruction: str = "",
     tool_response_text: bool = False,
+    chat_role: bool = False,
 ) -> list[BaseMessage]:
     """Render a stored transcript for the model (see the module docstring).
 
@@ -298,6 +338,8 @@ def to_wire(
     paper evaluated it: ``<tool_response>`` + the image + the instruction +
     ``</tool_response>``. The tool's own text (the box in original pixels, the size) is left
     out unless ``tool_response_text``; a result without an image (an error) keeps its text.
+    ``chat_role``: the ``native`` protocol's image turn is a ``ChatMessage(role="user")``
+    (see the module docstring), not a ``HumanMessage``.
     """
     out: list[BaseMessage] = []
     pending: list[ToolMessage] = []
@@ -330,10 +372,14 @@ def to_wire(
                     )
                 )
             if images:
+                content: list[str | dict] = [
+                    {"type": "text", "text": "Images returned by the tools:"},
+                    *images,
+                ]
                 out.append(
-                    HumanMessage(
-                        content=[{"type": "text", "text": "Images returned by the tools:"}, *images]
-                    )
+                    ChatMessage(role="user", content=content)
+                    if chat_role
+                    else HumanMessage(content=content)
                 )
         pending.clear()
 

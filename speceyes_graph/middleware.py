@@ -67,7 +67,7 @@ from speceyes_tools.images import ImageStore, default_store, store_scope
 from . import phases
 from .draft_reply import areplay, replay
 from .effects import Blocking, Steps, arun_steps, run_steps
-from .messages import bare_model, dehydrate, for_model, in_frame, readable_images, to_wire
+from .messages import dehydrate, readable_images, wire_messages
 from .online_gate import OnlineGate
 from .online_steps import OnlineSteps
 from .prompts import Prompts
@@ -76,7 +76,8 @@ from .query import read_query
 from .separability import GateConfig
 from .settings import Limits
 from .state import Draft, Route, RunInput
-from .turns import chat_query, image_blocks_of, pasted_images_kept
+from .store_reading import StoreReadingChatModel
+from .turns import chat_query, pasted_images_kept
 
 __all__ = [
     "ImageStoreMiddleware",
@@ -113,10 +114,6 @@ class SpecEyesAgentState(AgentState[Any]):
     speceyes: NotRequired[Annotated[SpecEyesTurn | None, OmitFromInput]]
 
 
-def _has_tool_images(messages: Sequence[BaseMessage]) -> bool:
-    return any(isinstance(m, ToolMessage) and image_blocks_of(m) for m in messages)
-
-
 def pixel_free_agent(agent: Any, store: ImageStore | None = None) -> Any:
     """A compiled agent (``create_agent(...)``, any compiled graph over ``messages``) whose
     record of each run's input holds the image store's keys, not the pasted pixels.
@@ -147,7 +144,9 @@ class ImageStoreMiddleware(AgentMiddleware[Any, Any]):
     - ``wrap_model_call``: the model is sent the human turns' images at its frame (a model
       with a ``resize_spec``, as :func:`~speceyes_graph.messages.user_message` sends a
       query), tool pictures in a user turn after the tool messages, and base64 unless it
-      reads the store itself (``ChatTransformersVLM``).
+      reads the store itself (``ChatTransformersVLM``);
+    - :meth:`readable`: the same view for the model of a middleware placed before this one
+      (outside it), which sees the state's keys.
 
     The agent's state and checkpoints then hold keys, not pixels (LangGraph's own record of
     a run's input still holds what was sent: send keys, or see the deployment guide). With
@@ -203,14 +202,16 @@ class ImageStoreMiddleware(AgentMiddleware[Any, Any]):
 
     # --- pictures out ---------------------------------------------------------------------------
 
+    def readable(self, model: BaseChatModel) -> StoreReadingChatModel:
+        """``model`` sent the pictures of this middleware's store that its messages name by
+        key: for a middleware that calls a model of its own and is placed before this one
+        (``LLMToolSelectorMiddleware(model=speceyes.readable(ChatOpenAI(...)))``)."""
+        return StoreReadingChatModel(model=model, store=self.store)
+
     def model_request(self, request: ModelRequest) -> ModelRequest:
         """The request with its messages as the model takes them."""
-        model = bare_model(request.model)
-        messages = in_frame(request.messages, getattr(model, "resize_spec", None), self.store)
-        if _has_tool_images(messages):
-            messages = to_wire(messages, "native")
-        sent = cast(list[AnyMessage], for_model(messages, model, self.store))
-        return request.override(messages=sent)
+        sent = wire_messages(request.messages, request.model, self.store)
+        return request.override(messages=cast(list[AnyMessage], sent))
 
     def wrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]

@@ -552,3 +552,93 @@ def test_a_tool_selector_inside_it_gets_what_its_model_can_read_and_skips_accept
     out = agent.invoke(turn(scene, TINY))
     assert out["messages"][-1].content == "<answer>red</answer>" and seen
     assert all("blob://" not in s for s in seen) and "iVBORw0KGgo" in seen[0]
+    # its "last user message" is the question on every step, the one after the zoom too
+    # (the tools' image turn is a user-role ChatMessage, not a HumanMessage)
+    assert len(seen) == 2 and all(TINY in s and "returned by the tools" not in s for s in seen)
+
+
+def test_the_tools_image_turn_is_a_user_turn_on_the_wire(scene):
+    """After a tool's picture the agent's model is sent it in a user-role turn: our model
+    takes it as one, and langchain-openai's payload says ``"role": "user"`` with the image
+    as base64 (what an OpenAI-compatible server is sent; it rejects images in tool turns)."""
+    from langchain_openai import ChatOpenAI
+
+    from speceyes_graph.messages import wire_messages
+
+    large = large_model()
+    middleware = SpecEyesMiddleware(small_model())
+    agent = create_agent(large, [make_zoom_tool()], middleware=[middleware])
+    out = agent.invoke(turn(scene, TINY))
+    after_zoom = large.received[-1]
+    assert after_zoom[-1].type == "chat" and after_zoom[-1].role == "user"
+    assert any(b.get("type") == "image" for b in after_zoom[-1].content)
+    served = ChatOpenAI(model="m", api_key="k", base_url="http://127.0.0.1:9/v1")
+    payload = served._get_request_payload(wire_messages(out["messages"], served, middleware.store))
+    roles = [m["role"] for m in payload["messages"]]
+    assert roles == ["user", "assistant", "tool", "user", "assistant"]
+    image_turn = payload["messages"][3]["content"]
+    assert image_turn[0]["text"].startswith("Images returned by the tools")
+    assert image_turn[1]["image_url"]["url"].startswith("data:image/png;base64,iVBORw0KGgo")
+
+
+def test_a_tool_selector_outside_it_reads_the_store_through_readable(scene):
+    """Placed before SpecEyes (outside it), a middleware sees the state's ``blob://`` keys;
+    its model wrapped by ``readable`` is sent the pixels instead, and still answers the
+    selector's structured-output call."""
+    from langchain.agents.middleware import LLMToolSelectorMiddleware
+
+    def selector_of(speceyes, wrap):
+        seen = []
+
+        def pick(msgs):
+            seen.append(json.dumps([m.content for m in msgs]))
+            call = {"name": "ToolSelectionResponse", "args": {"tools": ["zoom"]}, "id": "p-1"}
+            return AIMessage(content="", tool_calls=[call])
+
+        model = ScriptedChatModel(respond=pick)
+        return LLMToolSelectorMiddleware(model=speceyes.readable(model) if wrap else model), seen
+
+    for wrap in (False, True):
+        speceyes = SpecEyesMiddleware(small_model())
+        selector, seen = selector_of(speceyes, wrap)
+        agent = create_agent(
+            large_model(), [make_zoom_tool(), make_crop_tool()], middleware=[selector, speceyes]
+        )
+        out = agent.invoke(turn(scene, TINY))
+        assert out["messages"][-1].content == "<answer>red</answer>" and len(seen) == 2
+        if wrap:
+            assert all("blob://" not in s and "iVBORw0KGgo" in s for s in seen)
+        else:  # what it would send a server without the wrapper
+            assert all("blob://" in s for s in seen)
+
+
+def test_a_readable_model_is_the_wrapped_model_on_every_path(scene):
+    """``readable(model)`` by invoke, ainvoke, stream and astream: the wrapped model is
+    sent pixels for the state's keys, and its own run is the only one a tracer sees."""
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Starts(BaseCallbackHandler):
+        def __init__(self):
+            self.models = []
+
+        def on_chat_model_start(self, serialized, messages, **kwargs):
+            self.models.append(kwargs.get("invocation_params", {}).get("_type"))
+
+    speceyes = SpecEyesMiddleware(small_model())
+    keyed = speceyes.before_agent(turn(scene, BIG), None)["messages"]
+    assert "blob://" in json.dumps([m.content for m in keyed])
+    inner = ScriptedChatModel(respond=lambda msgs: "seen")
+    model, starts = speceyes.readable(inner), Starts()
+    config = {"callbacks": [starts]}
+    assert model.invoke(keyed, config).content == "seen"
+    assert asyncio.run(model.ainvoke(keyed, config)).content == "seen"
+    assert "".join(c.content for c in model.stream(keyed, config)) == "seen"
+
+    async def astreamed():
+        return "".join([c.content async for c in model.astream(keyed, config)])
+
+    assert asyncio.run(astreamed()) == "seen"
+    assert len(inner.received) == 4 and starts.models == ["scripted"] * 4
+    for received in inner.received:
+        text = json.dumps([m.content for m in received])
+        assert "blob://" not in text and "iVBORw0KGgo" in text

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import write_scene
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage
 
 from helpers import judge
 from speceyes_graph import GateConfig, create_speceyes_graph
@@ -83,15 +83,17 @@ def test_chat_template_renders_images_and_tool_turns(tiny_chat, scenes):
         AIMessage(
             content="", tool_calls=[{"name": "zoom", "args": {"bbox": [1, 2, 3, 4]}, "id": "c1"}]
         ),
-        HumanMessage(
+        ChatMessage(  # the tools' image turn (messages.to_wire, native): a user turn
+            role="user",
             content=[
                 {"type": "image_url", "image_url": {"url": "file://" + scenes[2]}},
                 {"type": "text", "text": "crop"},
-            ]
+            ],
         ),
     ]
     hf, images = to_hf_messages(msgs)
     assert len(images) == 3 and hf[2]["tool_calls"][0]["function"]["name"] == "zoom"
+    assert hf[3]["role"] == "user"
     proc = tiny_chat["large"].processor
     text = proc.apply_chat_template(hf, add_generation_prompt=True, tokenize=False)
     assert text.count("<|vision_start|><|image_pad|><|vision_end|>") == 3

@@ -165,6 +165,7 @@ class ChatTransformersVLM(BaseChatModel):
 
     handles_deadlines: ClassVar[bool] = True  # waits are bounded by the caller's deadline
     accepts_image_refs: ClassVar[bool] = True  # blob:// references: pixels from the store
+    takes_chat_role: ClassVar[bool] = True  # a ChatMessage(role="user") is a user turn
     # continues a conversation that ends in an assistant message; a call with
     # continue_final_message=False starts a new assistant turn instead
     continues_final_message: ClassVar[bool] = True

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import BaseMessage, ChatMessage
 
 from speceyes_tools.blobs import is_blob_key
 from speceyes_tools.images import current_store, load_image
@@ -104,6 +104,8 @@ def convert_messages(
     keys: list[str | None] = []
     for m in messages:
         role = _ROLES.get(m.type)
+        if isinstance(m, ChatMessage) and m.role in _ROLES.values():  # the tools' image turn
+            role = m.role
         if role is None:
             raise ValueError(f"unsupported message type {m.type!r}")
         parts: list[dict[str, Any]] = []

@@ -12,7 +12,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -38,6 +38,8 @@ class ScriptedChatModel(BaseChatModel):
     # keep call_kwargs and received (tests read them); a benchmark of thousands of calls turns
     # it off, or the kept messages become the garbage collector's work, not the graph's
     record: bool = True
+    # sent a ChatMessage(role="user") as ChatOpenAI sends it (messages.takes_chat_role)
+    takes_chat_role: ClassVar[bool] = True
 
     @property
     def _llm_type(self) -> str:
