@@ -153,6 +153,9 @@ class Calibration:
     depth_distribution: dict[str, Any] = field(default_factory=dict)
     mixture: dict[str, Any] = field(default_factory=dict)
     depth_mixture: dict[str, Any] = field(default_factory=dict)
+    # the calibration queries, labelled: [separability or None, loss], up to EVIDENCE_KEPT;
+    # an online gate built from the file starts from them (OnlineGate(config=path))
+    evidence: list[list[Any]] = field(default_factory=list)
 
     def gate(self, base: GateConfig | None = None) -> GateConfig:
         return (base or GateConfig()).replace(
@@ -161,6 +164,9 @@ class Calibration:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps({"gate": asdict(self)}, indent=2))
+
+
+EVIDENCE_KEPT = 2000  # an online gate's default window
 
 
 def _losses_and_scores(records, agent, aggregation, k, key="draft"):
@@ -285,6 +291,10 @@ def calibrate(
             unlabelled_drafts=n_unlabelled, tau_floor=float(_unlabelled_floor(cal, scores))
         )
     result.distribution = _distribution(cal, aggregation, k, tau)
+    result.evidence = [  # a query without a draft has no loss of its own
+        [float(s), bool(loss)] if math.isfinite(s) else [None, False]
+        for s, loss in zip(scores, losses)
+    ][-EVIDENCE_KEPT:]
     if test:
         scores, losses = _losses_and_scores(test, agent, aggregation, k)
         result.holdout = _evaluate(scores, losses, tau, test, agent)

@@ -51,7 +51,8 @@ __all__ = [
     "read_entry",
 ]
 
-ENTRY_VERSION = 1
+ENTRY_VERSION = 2  # 2: each entry keeps its shadow chance (entries of 1 are skipped)
+MIN_CHANCE = 0.01  # a shadow chance below this is not one a gate gives (weights up to 100)
 CLOCK_SKEW_S = 300.0  # how far ahead of this worker's clock another's entry may be dated
 
 
@@ -65,6 +66,9 @@ class Observation:
     shadowed: bool
     disagrees: bool | None  # None: no label (accepted and not shadowed, or shadow pending/failed)
     failed: bool = False  # rejected, and the agent failed: counted as disagreeing
+    # the chance it was shadowed, drawn before its coin (accepted drafts; 1.0 for the rest,
+    # whose label comes with the agent's run): the estimate weighs its label by 1 / chance
+    chance: float = 1.0
 
 
 class GateLedger(Protocol):
@@ -152,6 +156,7 @@ def entry_fields(observation: Observation) -> dict[str, Any]:
         "shadowed": o.shadowed,
         "disagrees": o.disagrees,
         "failed": o.failed,
+        "chance": float(o.chance),
     }
 
 
@@ -169,11 +174,12 @@ def read_entry(
         return "malformed"
     if value["v"] != ENTRY_VERSION:
         return "malformed"
-    at, score = _number(value.get("at")), _number(value.get("score"))
+    at, score, chance = (_number(value.get(f)) for f in ("at", "score", "chance"))
     accepted, shadowed, failed = (_flag(value.get(f)) for f in ("accepted", "shadowed", "failed"))
     disagrees = _flag(value.get("disagrees"))
     if (
         at is None
+        or chance is None
         or (score is None and value.get("score") is not None)
         or accepted is None
         or shadowed is None
@@ -181,7 +187,7 @@ def read_entry(
         or (disagrees is None and value.get("disagrees") is not None)
     ):
         return "malformed"
-    observation = Observation(at, score, accepted, shadowed, disagrees, failed)
+    observation = Observation(at, score, accepted, shadowed, disagrees, failed, chance)
     o = observation
     if (
         o.at <= 0
@@ -189,6 +195,8 @@ def read_entry(
         or (o.shadowed and not o.accepted)
         or (o.accepted and o.score is None)
         or (o.failed and (o.accepted or o.disagrees is not True))
+        or not MIN_CHANCE <= o.chance <= 1.0
+        or (not o.accepted and o.chance != 1.0)
     ):
         return "malformed"
     if o.at > (time.time() if now is None else now) + CLOCK_SKEW_S:

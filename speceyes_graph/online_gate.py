@@ -6,39 +6,36 @@ answer: the accuracy given up against agent-only. A fixed tau gives a different 
 each workload (the published 0.98: 1.2% of HR-Bench 4K queries, 4.4% of V*'s).
 
 **Labels.** Every rejected draft is followed by the agent, so whether it agreed is known.
-An accepted draft's answer goes to the user; a random share ``shadow_rate`` of them is
-*shadow-verified* (the agent runs on it off the user's path) and so labelled. Scores are
-known for every draft, labelled or not. So for any candidate tau ``t`` the queries of a
-window whose draft scores above ``t`` split into those the gate rejected when they came
-(disagreements counted exactly: ``D_r(t)``) and those it accepted (``A(t)`` of them, of
-which ``S(t)`` shadowed, ``D_s(t)`` of those disagreeing). The window's risk at ``t`` is
-estimated by stratification, ``(D_r + A * D_s / S) / n``: unbiased, whatever taus the gate
-used while the window filled, because each accepted draft was shadowed by a coin of its own.
+An accepted draft's answer goes to the user; it is *shadow-verified* (the agent runs on it
+off the user's path) with a chance its shadow policy gives it before the coin is drawn
+(:mod:`~speceyes_graph.shadowing`: flat by default, or spending a budget of shadow runs per
+query), and the chance stays with the draft. Scores are known for every draft, labelled or
+not. So for any candidate tau ``t`` the queries of a window whose draft scores above ``t``
+split into those the gate rejected when they came (disagreements counted exactly) and
+those it accepted; the accepted ones, grouped by the chance they were shadowed with, are
+estimated group by group from their shadowed members, a uniform sample of the group: the
+estimate is unbiased whatever taus the gate used while the window filled.
 
-**Choosing tau.** What the gate does not know of its window is how many of the accepted
-drafts it did not shadow disagree: it bounds their share above from the ``S`` it shadowed
-(an Agresti-Coull interval at level ``delta``), so the window's risk at ``t`` is at most
-``(D_r + A * q_upper) / n``. From the strictest candidate down (fixed-sequence testing, as
-in :mod:`~speceyes_graph.calibration`'s Learn-then-Test) tau is the most permissive ``t``
-whose bound stays at or below ``max_risk``: the gate never accepts more than its evidence
-supports. It starts from a given tau (the published 0.98, a gate file's, the label-free
-estimate) and keeps it until the window holds ``warmup`` queries.
+**Choosing tau.** From the strictest candidate down (fixed-sequence testing, as in
+:mod:`~speceyes_graph.calibration`'s Learn-then-Test) tau is the most permissive ``t`` whose
+estimated window risk is at most ``max_risk`` and whose exact upper bound (Clopper-Pearson
+per group at level ``delta``, split over the policy's chances) is at most ``tolerance *
+max_risk``. With no evidence it starts at 1.0 and accepts nothing for its warm-up
+(``ceil(ln(1/delta) / max_risk)`` queries, all labelled by the agent); a gate file's
+labelled calibration queries (``evidence``) seed the window instead, so it is guarded and
+accepting from its first query.
 
-**What is guaranteed, and under which assumptions.** For the window itself, if shadow
-runs fail independently of their outcome, the risk tau would have had on it is at most
-``max_risk`` with probability about ``1 - delta`` (a normal approximation with a
-small-sample correction, not exact). The next queries differ from the window by sampling
-noise and by drift: the gate reacts within about a window, and its realised risk over
-windows of the stream, measured by simulation with abrupt and gradual drift and by replay
-of real-format results, is written with its tolerance in ``docs/calibration.md``. Bounding
-the next queries too (a second interval over ``n``) kept every window under the target in
-simulation, but accepted 11-39% of what the best fixed tau in hindsight accepts: the
-default trades that for about 0.6 of it. Why not adaptive conformal inference (Gibbs &
-Candes 2021) or online risk control (Feldman et al. 2023): those bound the long-run
-*average* risk under arbitrary drift by letting tau swing around the target, so a
-deployment spends part of its time above it; the windowed bound stays under the target
-whenever the recent past resembles the next queries, and pays for a change by accepting
-less until the window has seen the new traffic.
+**What is guaranteed, and under which assumptions.** With probability at least
+``1 - delta`` over the shadow coins, the risk the chosen tau would have had on the window's
+queries is at most ``tolerance * max_risk`` (exact; conservative for the groups' sampling
+without replacement), if a draft's chance does not depend on its label, shadow runs fail
+independently of their outcome, and given which drafts the gate accepted. The next queries
+differ from the window by sampling noise and by drift: the gate reacts within about a
+window, and its realised risk, its acceptance against the best fixed tau in hindsight and
+its agent calls, measured on simulated traffic with abrupt and gradual drift, are in
+``docs/calibration.md``. Rolling risk control (Feldman et al. 2023) and adaptive conformal
+inference (Gibbs & Candes 2021) bound instead the long-run *average* risk under arbitrary
+drift by letting tau swing around the target, with no level for any stretch of traffic.
 
 **In the graph.** ``create_speceyes_graph(gate=OnlineGate(...))`` gates each tool-free
 draft with :meth:`OnlineGate.decide` and records the tau it met and whether it was shadowed
@@ -62,46 +59,75 @@ disagreeing: a failure gives no agreement (docs/calibration.md, "What it trusts"
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
+import math
 import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_for
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any, Literal
 
 import numpy as np
 from langgraph.store.base import BaseStore
 
 from .gate_keys import GateKeys, MissingGateKey
-from .ledger import GateLedger, MemoryLedger, Observation, StoreLedger
-from .separability import GateConfig
+from .ledger import MIN_CHANCE, GateLedger, MemoryLedger, Observation, StoreLedger
+from .separability import GateConfig, acceptance_score
+from .shadowing import BudgetShadows, FlatShadows, ShadowPolicy, ShadowRuns, shadow_policy
 
 __all__ = [
+    "BudgetShadows",
+    "DEFAULT_SHADOWS",
+    "FlatShadows",
     "GateDecision",
     "OnlineGate",
+    "ShadowPolicy",
     "ShadowRuns",
     "default_taus",
+    "read_evidence",
     "upper_bound",
 ]
 
 log = logging.getLogger(__name__)
 
 
-def upper_bound(successes: np.ndarray, trials: np.ndarray, delta: float) -> np.ndarray:
-    """Agresti-Coull upper confidence bounds on binomial proportions at level ``delta``
-    (one-sided), elementwise; 1 where there are no trials. ``successes`` may be fractional
-    (an estimated count)."""
-    z = NormalDist().inv_cdf(1 - delta)
-    trials = np.asarray(trials, dtype=float)
-    centre = (np.asarray(successes, dtype=float) + z * z / 2) / (trials + z * z)
-    spread = z * np.sqrt(np.clip(centre * (1 - centre), 0, None) / (trials + z * z))
-    return np.where(trials > 0, np.minimum(1.0, centre + spread), 1.0)
+@functools.lru_cache(maxsize=65536)
+def _clopper_pearson(errors: int, trials: int, delta: float) -> float:
+    if trials <= 0 or errors >= trials:
+        return 1.0
+    j = np.arange(errors + 1)
+    log_choose = (
+        math.lgamma(trials + 1) - np.array([math.lgamma(x + 1) for x in j])
+        - np.array([math.lgamma(trials - x + 1) for x in j])
+    )  # fmt: skip
+
+    def cdf(q: float) -> float:  # P(Binomial(trials, q) <= errors)
+        return float(np.exp(log_choose + j * math.log(q) + (trials - j) * math.log1p(-q)).sum())
+
+    lo, hi = errors / trials, 1.0
+    for _ in range(60):  # bisection to ~1e-18: the cdf falls as q rises
+        mid = (lo + hi) / 2
+        if mid >= 1.0 or cdf(mid) < delta:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def upper_bound(errors: np.ndarray, trials: np.ndarray, delta: float) -> np.ndarray:
+    """Exact (Clopper-Pearson) one-sided upper confidence bounds at level ``delta`` on the
+    share of errors, elementwise: the largest share under which seeing at most ``errors`` in
+    ``trials`` has chance at least ``delta``; 1 where there are no trials. Conservative for
+    a sample drawn without replacement from a finite set (a window's accepted drafts)."""
+    errors, trials = np.asarray(errors), np.asarray(trials)
+    return np.array(
+        [_clopper_pearson(int(k), int(n), float(delta)) for k, n in zip(errors, trials)]
+    ).reshape(errors.shape)
 
 
 def default_taus() -> list[float]:
@@ -115,9 +141,9 @@ def default_taus() -> list[float]:
 @dataclass(frozen=True)
 class GateDecision:
     """What the gate said for one draft: accepted at ``tau``, and shadowed (the agent runs
-    on it anyway, off the user's path, to label it) with chance ``shadow_rate``; ``at``:
-    when (it orders the gate's window); ``risk`` and ``risk_bound``: the window's estimated
-    risk at ``tau`` and its upper bound then (None before the warm-up ends)."""
+    on it anyway, off the user's path, to label it) with chance ``chance``; ``at``: when
+    (it orders the gate's window); ``risk`` and ``risk_bound``: the window's estimated risk
+    at ``tau`` and its exact upper bound then (None while it has too few queries)."""
 
     accepted: bool
     shadowed: bool
@@ -125,6 +151,23 @@ class GateDecision:
     at: float = 0.0
     risk: float | None = None
     risk_bound: float | None = None
+    chance: float = 1.0
+
+
+def read_evidence(path: str | Path) -> list[tuple[float | None, bool]]:
+    """The labelled calibration queries a gate file keeps (``speceyes calibrate`` writes up
+    to a window of them): (separability or None without a draft, disagrees)."""
+    data = json.loads(Path(path).read_text())
+    rows = data.get("gate", data).get("evidence") or []
+    out: list[tuple[float | None, bool]] = []
+    for row in rows:
+        if not isinstance(row, (list, tuple)) or len(row) != 2 or type(row[1]) is not bool:
+            raise ValueError(f"{path}: an evidence row is [separability or null, bool]: {row!r}")
+        score = row[0]
+        if score is not None and not (isinstance(score, (int, float)) and math.isfinite(score)):
+            raise ValueError(f"{path}: an evidence score must be a finite number: {row!r}")
+        out.append((None if score is None else float(score), row[1]))
+    return out
 
 
 def _settled(queries: list[Observation]) -> list[Observation]:
@@ -138,71 +181,8 @@ def _settled(queries: list[Observation]) -> list[Observation]:
     return [q for q in queries if not (q.shadowed and q.disagrees is None)]
 
 
-class ShadowRuns:
-    """Shadow verification off the user's path: at most ``concurrency`` runs at once in
-    threads of their own and ``queue`` more waiting; past that a shadow is dropped (its
-    label is lost, nothing else; counted). Each run's cost is counted: runs, seconds,
-    failures."""
-
-    def __init__(self, concurrency: int = 2, queue: int = 64) -> None:
-        if concurrency < 1 or queue < 0:
-            raise ValueError(f"concurrency must be >= 1 and queue >= 0: {concurrency}, {queue}")
-        self.concurrency, self.queue = concurrency, queue
-        self._pool: ThreadPoolExecutor | None = None
-        self._slots = threading.BoundedSemaphore(concurrency + queue)
-        self._lock = threading.Lock()
-        self._running: set[Future[None]] = set()
-        self.counts = {"started": 0, "labelled": 0, "failed": 0, "dropped": 0}
-        self.seconds = 0.0
-
-    def submit(self, run: Callable[[], bool], done: Callable[[bool | None], None]) -> bool:
-        """Start ``run`` (it returns whether the draft disagrees); ``done`` gets its label,
-        or None when it failed. False: no room, the shadow was dropped."""
-        if not self._slots.acquire(blocking=False):
-            with self._lock:
-                self.counts["dropped"] += 1
-            done(None)
-            return False
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.concurrency, "speceyes-shadow")
-            self.counts["started"] += 1
-            future = self._pool.submit(self._run, run, done)
-            self._running.add(future)
-        future.add_done_callback(self._finished)
-        return True
-
-    def _run(self, run: Callable[[], bool], done: Callable[[bool | None], None]) -> None:
-        t0 = time.perf_counter()
-        label: bool | None = None
-        try:
-            label = bool(run())
-        except Exception as exc:  # a failed shadow loses only its label
-            log.info("shadow run failed: %s: %s", type(exc).__name__, exc)
-        with self._lock:
-            self.seconds += time.perf_counter() - t0
-            self.counts["labelled" if label is not None else "failed"] += 1
-        try:
-            done(label)
-        except Exception:
-            log.exception("recording a shadow run's label failed")
-
-    def _finished(self, future: Future[None]) -> None:
-        with self._lock:
-            self._running.discard(future)
-        self._slots.release()
-
-    def drain(self, timeout: float | None = None) -> bool:
-        """Wait for the shadow runs in flight (a CLI before it exits, a test); True if none
-        is left."""
-        with self._lock:
-            running = set(self._running)
-        _, pending = wait_for(running, timeout=timeout)
-        return not pending
-
-    def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return {**self.counts, "running": len(self._running), "seconds": self.seconds}
+DEFAULT_SHADOWS: ShadowPolicy = FlatShadows(0.3)
+"""The shadow policy a gate uses unless told otherwise (docs/calibration.md: measured)."""
 
 
 class OnlineGate:
@@ -210,15 +190,25 @@ class OnlineGate:
 
     Args:
         max_risk: the target: at most this share of queries answered by an accepted draft
-            that disagrees with the agent.
-        shadow_rate: the share of accepted drafts the agent verifies off the user's path.
+            that disagrees with the agent, as the window estimates it.
+        shadow_rate: which accepted drafts the agent verifies off the user's path: a
+            :class:`~speceyes_graph.shadowing.ShadowPolicy`, or a number for a flat chance
+            (default :data:`DEFAULT_SHADOWS`).
+        tolerance: the window's exact bound (at level ``delta``) must stay at or below
+            ``tolerance * max_risk`` too.
         delta: the level of each window's bound.
         window: how many recent queries the estimate uses.
-        tau: where it starts; default the ``config``'s tau (the published 0.98, a gate
-            file's, the label-free estimate of ``speceyes calibrate --unlabelled``).
+        tau: where it starts; default the ``config``'s tau when one is given (a gate file's,
+            the label-free estimate of ``speceyes calibrate --unlabelled``), else 1.0: no
+            draft is accepted until the window (or ``evidence``) certifies a tau.
         config: the score it gates (K, aggregation, alpha) and its starting tau: a
-            :class:`~speceyes_graph.separability.GateConfig` or a gate file's path.
-        warmup: queries in the window before tau moves from where it started.
+            :class:`~speceyes_graph.separability.GateConfig` or a gate file's path (whose
+            labelled ``evidence``, when it keeps some, seeds the window).
+        evidence: labelled queries to start from, (separability or None, disagrees) each
+            (:func:`read_evidence`): they fill the window until live traffic replaces them.
+        warmup: queries in the window (evidence included) before tau moves from where it
+            started; default ``ceil(ln(1/delta) / max_risk)``, the fewest in which a bound
+            at level ``delta`` can reach ``max_risk`` at all.
         taus: the candidate taus (default :func:`default_taus`).
         seed: for the shadow draws (None: random).
         store: where the observations live. ``"run"`` (default): the run's LangGraph store
@@ -243,13 +233,15 @@ class OnlineGate:
     def __init__(
         self,
         max_risk: float = 0.02,
-        shadow_rate: float = 0.1,
+        shadow_rate: float | ShadowPolicy | None = None,
         *,
+        tolerance: float = 1.5,
         delta: float = 0.1,
         window: int = 2000,
         tau: float | None = None,
         config: GateConfig | str | Path | None = None,
-        warmup: int = 200,
+        evidence: Sequence[tuple[float | None, bool]] | None = None,
+        warmup: int | None = None,
         taus: Sequence[float] | None = None,
         seed: int | None = None,
         store: BaseStore | Literal["run"] | None = "run",
@@ -263,17 +255,22 @@ class OnlineGate:
     ) -> None:
         if not 0 < max_risk < 1:
             raise ValueError(f"max_risk must be in (0, 1), got {max_risk}")
-        if not 0 < shadow_rate <= 1:
-            raise ValueError(f"shadow_rate must be in (0, 1], got {shadow_rate}")
         if not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta}")
+        if not tolerance >= 1:
+            raise ValueError(f"tolerance must be at least 1, got {tolerance}")
+        warmup = math.ceil(math.log(1 / delta) / max_risk) if warmup is None else warmup
         if window < 2 or not 0 <= warmup <= window:
             raise ValueError(f"window must be at least 2, warmup in 0..window: {window}, {warmup}")
         if max_age_s is not None and not max_age_s > 0:
             raise ValueError(f"max_age_s must be positive or None, got {max_age_s}")
-        config = GateConfig.load(config) if isinstance(config, (str, Path)) else config
-        self.config = (config or GateConfig()).replace(**({} if tau is None else {"tau": tau}))
-        self.max_risk, self.shadow_rate, self.delta = max_risk, shadow_rate, delta
+        self.shadow = shadow_policy(DEFAULT_SHADOWS if shadow_rate is None else shadow_rate)
+        if isinstance(config, (str, Path)):
+            evidence = read_evidence(config) if evidence is None else evidence
+            config = GateConfig.load(config)
+        start = tau if tau is not None else (config.tau if config is not None else 1.0)
+        self.config = (config or GateConfig()).replace(tau=start)
+        self.max_risk, self.tolerance, self.delta = max_risk, tolerance, delta
         self.window, self.warmup, self.start_tau = window, warmup, self.config.tau
         self.outage_tau = self.start_tau if outage_tau is None else outage_tau
         if not 0 <= self.outage_tau <= 1:
@@ -281,9 +278,15 @@ class OnlineGate:
         self.max_age_s = max_age_s
         grid = default_taus() if taus is None else taus
         self.taus = np.array(sorted({float(t) for t in grid} | {1.0}, reverse=True))
+        self.seeds = [  # the oldest of the window: fully labelled, as rejected drafts are
+            Observation(0.0, None if s is None else acceptance_score(s, self.config.alpha),
+                        False, False, None if s is None else bool(y))
+            for s, y in list(evidence or [])[-window:]
+        ]  # fmt: skip
         self.tau = self.start_tau
         self.risk: float | None = None  # the window's estimate at tau, and its bound
         self.risk_bound: float | None = None
+        self.acceptance = 0.0  # the share of the window's queries accepted (for shadowing)
         self.trouble: str | None = None  # why the gate is tightened now, if it is
         self.refused: str | None = None  # why it keeps to this process's memory, if it does
         self.seen = 0  # observations this process made
@@ -298,6 +301,13 @@ class OnlineGate:
         self.shadows = ShadowRuns(shadow_concurrency, shadow_queue)
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
+        if self.seeds:
+            self._refit()
+
+    @property
+    def shadow_rate(self) -> float:
+        """The largest chance the shadow policy gives (its rate, for a flat one)."""
+        return max(self.shadow.levels)
 
     def _namespace(self) -> tuple[str, ...]:
         return ("speceyes", "online_gate", self.namespace)
@@ -342,8 +352,13 @@ class OnlineGate:
         with self._lock:
             tau, risk, bound = self.tau, self.risk, self.risk_bound
             accepted = score is not None and score > tau
-            shadowed = accepted and self._rng.random() < self.shadow_rate
-        return GateDecision(accepted, shadowed, tau, time.time(), risk, bound)
+            chance = 1.0
+            if accepted:
+                assert score is not None
+                chance = self.shadow.chance(score, tau, self.acceptance)
+                chance = min(1.0, max(MIN_CHANCE, float(chance)))
+            shadowed = accepted and self._rng.random() < chance
+        return GateDecision(accepted, shadowed, tau, time.time(), risk, bound, chance)
 
     def observe(
         self,
@@ -368,7 +383,8 @@ class OnlineGate:
         if failed:
             disagrees = True
         at = decision.at if decision is not None and decision.at else time.time()
-        observation = Observation(at, score, accepted, shadowed, disagrees, failed)
+        chance = decision.chance if accepted and decision is not None else 1.0
+        observation = Observation(at, score, accepted, shadowed, disagrees, failed, chance)
         try:
             self.ledger.record(key or uuid.uuid4().hex, observation)
             with self._lock:
@@ -379,18 +395,20 @@ class OnlineGate:
     def _evidence(self) -> list[Observation]:
         """The window as it counts: settled, and no older than ``max_age_s``."""
         queries = _settled(self.ledger.recent())
-        if self.max_age_s is None:
-            return queries
-        oldest = time.time() - self.max_age_s
-        return [q for q in queries if q.at >= oldest]
+        if self.max_age_s is not None:
+            oldest = time.time() - self.max_age_s
+            queries = [q for q in queries if q.at >= oldest]
+        room = self.window - len(queries)
+        return (self.seeds[-room:] if room > 0 else []) + queries
 
     def _refit(self) -> None:
         recent = self._evidence()
         trouble = self.ledger.trouble()
         tau, estimate, bound = self.start_tau, None, None
+        acceptance = sum(q.accepted for q in recent) / len(recent) if recent else 0.0
         if len(recent) >= self.warmup:
             estimates, bounds = self._bounds(recent)
-            tau = self._certified_tau(bounds)
+            tau = self._certified_tau(estimates, bounds)
             if trouble is not None:  # fail safe: no permissive tau without live evidence
                 tau = max(tau, self.outage_tau)
             at = int(np.searchsorted(-self.taus, -tau))  # taus run from 1.0 down
@@ -401,6 +419,7 @@ class OnlineGate:
         with self._lock:
             before, self.trouble = self.trouble, trouble
             self.tau, self.risk, self.risk_bound = tau, estimate, bound
+            self.acceptance = acceptance
         if trouble != before:
             if trouble is None:
                 log.info("online gate %r reads and writes its labels again", self.namespace)
@@ -415,26 +434,38 @@ class OnlineGate:
         return self._bounds(self._evidence())
 
     def _bounds(self, queries: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
-        n = len(queries)
+        """The window's risk at each candidate: rejected drafts' disagreements counted, and
+        for the accepted ones, group by group of the chance they were shadowed with, the
+        share of those shadowed that disagreed (a uniform sample of the group: unbiased)
+        and its exact upper bound (the level split over the groups)."""
+        n = max(len(queries), 1)
 
         def above(scores: list[float]) -> np.ndarray:  # how many exceed each candidate
             ordered = np.sort(np.asarray(scores, dtype=float))
             return len(ordered) - np.searchsorted(ordered, self.taus, side="right")
 
-        drafted = [(q.score, q) for q in queries if q.score is not None]
-        lost = above([s for s, q in drafted if not q.accepted and q.disagrees])
-        accepted = above([s for s, q in drafted if q.accepted])
-        shadowed = above([s for s, q in drafted if q.accepted and q.disagrees is not None])
-        wrong = above([s for s, q in drafted if q.accepted and q.disagrees])
-        share = np.divide(wrong, shadowed, out=np.zeros(len(self.taus)), where=shadowed > 0)
-        estimate = (lost + accepted * share) / max(n, 1)
-        bound = (lost + accepted * upper_bound(wrong, shadowed, self.delta)) / max(n, 1)
-        return estimate, bound
+        drafted = [q for q in queries if q.score is not None]
+        lost = above([q.score for q in drafted if not q.accepted and q.disagrees]).astype(float)  # type: ignore[misc]
+        estimate, bound = lost.copy(), lost.copy()
+        groups = sorted({q.chance for q in drafted if q.accepted})
+        split = self.delta / max(len(self.shadow.levels), len(groups), 1)
+        for chance in groups:
+            group = [q for q in drafted if q.accepted and q.chance == chance]
+            accepted = above([q.score for q in group])  # type: ignore[misc]
+            labelled = [q for q in group if q.disagrees is not None]
+            shadowed = above([q.score for q in labelled])  # type: ignore[misc]
+            wrong = above([q.score for q in labelled if q.disagrees])  # type: ignore[misc]
+            share = np.divide(wrong, shadowed, out=np.zeros(len(self.taus)), where=shadowed > 0)
+            estimate += accepted * share
+            bound += accepted * upper_bound(wrong, shadowed, split)
+        return estimate / n, bound / n
 
-    def _certified_tau(self, bound: np.ndarray) -> float:
-        """The most permissive candidate, from the strictest down, whose bound stays at or
-        below ``max_risk`` (1.0 accepts nothing and always passes)."""
-        failing = np.nonzero(bound > self.max_risk)[0]
+    def _certified_tau(self, estimate: np.ndarray, bound: np.ndarray) -> float:
+        """The most permissive candidate, from the strictest down, whose estimate stays at or
+        below ``max_risk`` and whose bound at or below ``tolerance * max_risk`` (1.0 accepts
+        nothing and always passes)."""
+        fails = (estimate > self.max_risk) | (bound > self.tolerance * self.max_risk + 1e-12)
+        failing = np.nonzero(fails)[0]
         last = (failing[0] if len(failing) else len(self.taus)) - 1
         return float(self.taus[last]) if last >= 0 else 1.0
 
@@ -453,7 +484,11 @@ class OnlineGate:
             "shadowed": sum(q.accepted and q.disagrees is not None for q in queries),
             "agent_failures": sum(q.failed for q in queries),
             "max_risk": self.max_risk,
+            "tolerance": self.tolerance,
             "shadow_rate": self.shadow_rate,
+            "shadow_policy": repr(self.shadow),
+            "acceptance": self.acceptance,
+            "seeded": len(self.seeds),
             "shared": self.ledger.shared,
             "skipped": dict(self.ledger.skipped),
             "trouble": self.trouble,

@@ -10,10 +10,12 @@
 - ``speceyes_online``: ``speceyes`` with the online gate
   (:class:`~speceyes_graph.online_gate.OnlineGate`): tau follows the labels production gives
   so the risk stays at ``SPECEYES_MAX_RISK`` (0.02), shadow-verifying ``SPECEYES_SHADOW_RATE``
-  (0.1) of accepted drafts; its observations live in the server's store (Aegra's and
-  LangGraph Platform's PostgreSQL, ``langgraph dev``'s own), so every worker and instance
-  shares one gate. ``SPECEYES_GATE_WINDOW`` (2000) and ``SPECEYES_GATE_WARMUP`` (200) set its
-  window and the queries it sees before tau moves. ``SPECEYES_GATE_KEY`` (the same secret on
+  (the gate's default) of accepted drafts; its observations live in the server's store
+  (Aegra's and LangGraph Platform's PostgreSQL, ``langgraph dev``'s own), so every worker and
+  instance shares one gate. ``SPECEYES_GATE_WINDOW`` (2000) and ``SPECEYES_GATE_WARMUP`` (the
+  gate's) set its window and the queries it sees before tau moves; a new deployment accepts
+  nothing until then (``SPECEYES_GATE_START_TAU``, 1.0) unless ``SPECEYES_GATE_EVIDENCE``
+  names a gate file whose labelled queries seed it. ``SPECEYES_GATE_KEY`` (the same secret on
   every worker) signs its entries: only those count, and without it the gate keeps to each
   worker's memory (docs/deployment.md, "The online gate's state").
 
@@ -53,7 +55,7 @@ from typing import Any
 
 from speceyes_graph.compose import create_speceyes_chat_graph
 from speceyes_graph.graph import create_speceyes_graph
-from speceyes_graph.online_gate import OnlineGate
+from speceyes_graph.online_gate import OnlineGate, read_evidence
 from speceyes_graph.separability import GateConfig
 from speceyes_tools.blobs import blobs_from_url
 from speceyes_tools.images import ImagePolicy, ImageStore
@@ -176,13 +178,20 @@ def make_chat_graph():
 
 
 def online_gate(gate: GateConfig) -> OnlineGate:
-    """The served online gate, from the environment; it starts at the served tau."""
+    """The served online gate, from the environment: it scores drafts as the served gate
+    does and starts guarded (accepting nothing, or from a gate file's evidence)."""
+    shadow_rate, warmup, evidence = (
+        env(name, "") for name in
+        ("SPECEYES_SHADOW_RATE", "SPECEYES_GATE_WARMUP", "SPECEYES_GATE_EVIDENCE")
+    )  # fmt: skip
     return OnlineGate(
         float(env("SPECEYES_MAX_RISK", "0.02")),
-        float(env("SPECEYES_SHADOW_RATE", "0.1")),
+        float(shadow_rate) if shadow_rate else None,
         config=gate,
+        tau=float(env("SPECEYES_GATE_START_TAU", "1.0")),
+        evidence=read_evidence(evidence) if evidence else None,
         window=int(env("SPECEYES_GATE_WINDOW", "2000")),
-        warmup=int(env("SPECEYES_GATE_WARMUP", "200")),
+        warmup=int(warmup) if warmup else None,
         namespace="speceyes_online",
     )
 

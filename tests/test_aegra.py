@@ -314,7 +314,7 @@ def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels
     from langgraph_sdk import get_sync_client
 
     from speceyes_graph.gate_keys import GateKeys
-    from speceyes_graph.ledger import Observation, read_entry
+    from speceyes_graph.ledger import ENTRY_VERSION, Observation, read_entry
     from speceyes_graph.online_gate import OnlineGate
 
     while len(cluster.alive()) < 2:  # the test before killed one
@@ -394,8 +394,8 @@ def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels
     # client's own; someone with the database but not the key writes into the gate's
     client = get_sync_client(url=cluster.url(first))
     now = time.time()
-    shaped = {"v": 1, "at": now, "score": 0.999, "accepted": True, "shadowed": True,
-              "disagrees": False, "failed": False}  # fmt: skip
+    shaped = {"v": ENTRY_VERSION, "at": now, "score": 0.999, "accepted": True,
+              "shadowed": True, "disagrees": False, "failed": False, "chance": 0.5}  # fmt: skip
     for i in range(200):
         client.store.put_item(namespace.split("."), f"client{i}", {**shaped, "mac": "x:0"})
     assert not [k for k, _ in rows() if k.startswith("client")]
@@ -426,11 +426,11 @@ def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels
         tid = client.threads.create()["thread_id"]
         probes.append(client.runs.wait(tid, "speceyes_online", input=drafted)["draft"])
     stored = sorted(entries().values(), key=lambda v: v["at"])
-    FIELDS = ("at", "score", "accepted", "shadowed", "disagrees", "failed")
+    FIELDS = ("at", "score", "accepted", "shadowed", "disagrees", "failed", "chance")
     expected = []
     for probe in probes:
         gate = OnlineGate(
-            0.02, 0.5, window=int(ONLINE_GATE["SPECEYES_GATE_WINDOW"]),
+            0.02, 0.5, tau=1.0, window=int(ONLINE_GATE["SPECEYES_GATE_WINDOW"]),
             warmup=int(ONLINE_GATE["SPECEYES_GATE_WARMUP"]), store=None,
         )  # fmt: skip
         for n, value in enumerate(v for v in stored if v["at"] < probe["gated_at"]):

@@ -122,6 +122,14 @@ def test_calibrate_command(tmp_path):
     assert "with probability >= 0.9" in r.stdout and "held out" in r.stdout
     gate = json.loads((tmp_path / "run" / "gate.json").read_text())["gate"]
     assert 0.5 < gate["tau"] < 1 and gate["method"].startswith("Learn-then-Test")
+    # the calibration queries, labelled, kept for an online gate to start from
+    assert len(gate["evidence"]) == gate["n_calibration"] and {
+        type(loss) for _, loss in gate["evidence"]
+    } == {bool}
+    from speceyes_graph.online_gate import OnlineGate
+
+    online = OnlineGate(0.05, config=tmp_path / "run" / "gate.json", store=None)
+    assert online.state()["seeded"] == gate["n_calibration"] and online.tau < 1.0
 
 
 def with_tool_drafts(records, rng):

@@ -1,9 +1,12 @@
 """The online gate (speceyes_graph.online_gate): its estimate of a window's risk is unbiased
-from the labels production gives (rejected drafts and shadowed accepted ones), it never
-accepts more than those labels support, and on simulated traffic with and without drift
-its realised risk and acceptance stay within the tolerance and factor that
-``scripts/bench_online_gate.py`` measured over 20 seeds (docs/calibration.md). Then
-``speceyes replay-online`` on the official-shape fixtures."""
+from the labels production gives (rejected drafts and shadowed accepted ones, each weighted
+by the chance it was shadowed with), its bound is exact (never below its level), it never
+accepts more than those labels support, it starts guarded (cold: accepting nothing until
+its window can certify; warm: from a gate file's labelled evidence), and on simulated
+traffic with and without drift its acceptance against the best fixed tau in hindsight, its
+realised risk and its agent calls stay within what ``scripts/bench_online_gate.py``
+measured (docs/calibration.md). Then ``speceyes replay-online`` on the official-shape
+fixtures."""
 
 from __future__ import annotations
 
@@ -16,16 +19,20 @@ from speceyes_graph.benchmarks.online_replay import (
     SCENARIOS,
     Segment,
     replay,
+    simulated_evidence,
     simulated_stream,
     summarise,
 )
-from speceyes_graph.online_gate import OnlineGate, default_taus
+from speceyes_graph.online_gate import BudgetShadows, OnlineGate, default_taus, upper_bound
 
 TARGET = 0.02
-# measured by scripts/bench_online_gate.py (20 seeds; docs/calibration.md), with a margin
-SEGMENT_TOLERANCE = 0.01  # realised risk of a 3,000-query workload above it (measured 0.0067)
-WINDOW_TOLERANCE = 0.02  # realised risk of any 1,000-query window above it (measured 0.015)
-ACCEPTANCE_FACTOR = 0.25  # acceptance against the best fixed tau in hindsight (measured 0.32)
+# The three figures per 3,000-query workload at the gate's defaults, as
+# scripts/bench_online_gate.py measured them over 10 seeds (docs/calibration.md: worst over
+# workloads and seeds; the medians are 0.90-0.99 of hindsight at 0.89-0.98 of the target),
+# each with a stated margin; (cold start, warm start).
+ACCEPTANCE_FACTOR = {"cold": 0.6, "warm": 0.55}  # measured worst 0.68, 0.65 of hindsight
+RISK_FACTOR = {"cold": 2.0, "warm": 1.75}  # measured worst 1.77x, 1.48x the target
+EXTRA_CALLS = 0.3  # calls per query beyond the hindsight tau's fallbacks: measured 0.25
 
 
 def test_the_window_estimate_is_unbiased_and_its_bound_holds():
@@ -36,7 +43,9 @@ def test_the_window_estimate_is_unbiased_and_its_bound_holds():
     errors, covered = [], []
     for seed in range(16):
         stream = simulated_stream([Segment("w", 1200, 0.15)], seed)
-        gate = OnlineGate(TARGET, 0.2, window=1000, warmup=300, seed=seed)
+        # a budget policy: each accepted draft's chance depends on the gate's acceptance
+        shadows = BudgetShadows(0.1) if seed % 2 else 0.2
+        gate = OnlineGate(TARGET, shadows, tau=0.98, window=1000, warmup=300, seed=seed)
         replay(stream, gate, seed=seed)
         estimate, bound = gate.risk_bounds()
         window = stream[-1000:]
@@ -55,50 +64,116 @@ def test_the_window_estimate_is_unbiased_and_its_bound_holds():
     assert np.mean(covered) >= 0.8
 
 
-def test_without_labels_it_accepts_no_more_than_the_target_allows():
+def test_the_bound_is_exact_where_the_normal_approximation_was_not():
+    """The chance that the bound falls below the true share, computed exactly over every
+    outcome of the binomial, is at most its level for every share and sample size (the
+    Agresti-Coull bound it replaced missed 14% at a nominal 10% with no error seen), and it
+    is Clopper-Pearson's (scipy's beta quantile)."""
+    from scipy.stats import beta, binom
+
+    delta = 0.1
+    for trials in (5, 30, 100, 400):
+        errors = np.arange(trials + 1)
+        bounds = upper_bound(errors, np.full(trials + 1, trials), delta)
+        reference = np.where(
+            errors < trials, beta.ppf(1 - delta, errors + 1, np.maximum(trials - errors, 1)), 1.0
+        )
+        assert np.allclose(bounds, reference, atol=1e-9)
+        for share in np.linspace(0.001, 0.2, 200):
+            missed = binom.pmf(errors, trials, share)[bounds < share].sum()
+            assert missed <= delta + 1e-12, (trials, share, missed)
+
+
+def test_without_labels_it_accepts_no_more_than_the_tolerance_allows():
     """Every shadow run fails (no label of an accepted draft ever arrives): the gate cannot
-    tell whether accepted drafts are right, so it may accept only as many as the target
-    could lose entirely."""
+    tell whether accepted drafts are right, so it may accept only as many as its tolerance
+    could lose entirely (``tolerance * max_risk`` of the window; tau moves as the window's
+    count catches up with its decisions, hence the margin)."""
     stream = simulated_stream([Segment("w", 3000, 0.15)], 0)
     gate = OnlineGate(TARGET, 0.1, window=1000, seed=0)
     log = replay(stream, gate, lost_shadows=1.0)
     after = log.accepted[1200:]  # once the window holds no warm-up decisions
-    assert sum(after) / len(after) <= TARGET * 1.5
+    assert sum(after) / len(after) <= TARGET * gate.tolerance + 0.005
     assert gate.state()["shadowed"] == 0
+
+
+def test_a_new_gate_starts_guarded_cold_or_warm():
+    """V*-like traffic first, where the published 0.98 loses more than the target. Cold (no
+    evidence): nothing accepted until the window can certify (its warm-up, ln(1/delta) /
+    max_risk queries), then drafts are. Warm (a gate file's labelled queries): guarded from
+    the first query (within its tolerance), and accepting from it. Started at 0.98 instead,
+    the warm-up's queries, unguarded, lose more than the target."""
+    vstar = SCENARIOS["abrupt"][0][0]
+    stream = simulated_stream([vstar], 0)[:600]
+
+    def first(gate, n=300):
+        log = replay(stream, gate, seed=0)
+        return log, sum(log.loss[:n]) / n, sum(log.accepted[:n]) / n
+
+    cold = OnlineGate(TARGET, seed=0, store=None)
+    assert cold.warmup == 116 and cold.start_tau == 1.0
+    log, risk, _ = first(cold)
+    assert not any(log.accepted[: cold.warmup]) and any(log.accepted[cold.warmup :])
+    assert risk <= TARGET
+    evidence = simulated_evidence(vstar, 500, 99)
+    warm = OnlineGate(TARGET, seed=0, store=None, evidence=evidence)
+    assert warm.tau < 1.0 and warm.state()["seeded"] == 500  # certified before any query
+    log, risk, accepted = first(warm)
+    assert any(log.accepted[:50]) and risk <= TARGET * warm.tolerance and accepted > 0.1
+    unguarded = OnlineGate(TARGET, seed=0, store=None, tau=0.98)
+    assert first(unguarded, cold.warmup)[1] > TARGET
+
+
+def test_a_gate_file_keeps_its_labelled_evidence(tmp_path):
+    """``speceyes calibrate`` writes the calibration queries (separability, disagrees) into
+    the gate file; a gate built from the file starts from them."""
+    rows = [[s, y] for s, y in simulated_evidence(SCENARIOS["none"][0][0], 400, 3)]
+    path = tmp_path / "gate.json"
+    gate_file = {"tau": 0.99, "k": 64, "aggregation": "min", "evidence": rows}
+    path.write_text(json.dumps({"gate": gate_file}))
+    gate = OnlineGate(TARGET, config=path, store=None)
+    assert gate.state()["seeded"] == 400 and gate.tau < 0.99
+    path.write_text(json.dumps({"gate": {"tau": 0.99, "evidence": [["x", True]]}}))
+    with pytest.raises(ValueError, match="evidence"):
+        OnlineGate(TARGET, config=path, store=None)
 
 
 @pytest.fixture(scope="module")
 def simulated():
     out = {}
-    for name, (segments, gradual) in SCENARIOS.items():
-        stream = simulated_stream(segments, 101, gradual)  # a seed the benchmark did not use
-        gate = OnlineGate(TARGET, 0.1, seed=101)
-        out[name] = summarise(stream, replay(stream, gate, seed=101), TARGET, default_taus(), 1000)
+    for start in ("cold", "warm"):
+        for name, (segments, gradual) in SCENARIOS.items():
+            stream = simulated_stream(segments, 101, gradual)  # a seed the benchmark did not use
+            evidence = simulated_evidence(segments[0], 500, 10_101) if start == "warm" else None
+            gate = OnlineGate(TARGET, seed=101, store=None, evidence=evidence)
+            log = replay(stream, gate, seed=101)
+            out[start, name] = summarise(stream, log, TARGET, default_taus(), 1000)
     return out
 
 
+@pytest.mark.parametrize("start", ["cold", "warm"])
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_realised_risk_and_acceptance_on_drifting_traffic(simulated, scenario):
-    s = simulated[scenario]
-    for part in s["segments"]:
-        assert part["risk"] <= TARGET + SEGMENT_TOLERANCE, part
-        assert part["acceptance_ratio"] >= ACCEPTANCE_FACTOR, part
-    assert s["worst_window_risk"] <= TARGET + WINDOW_TOLERANCE, s["window_risks"]
-    # and it does accept: the published tau on V*-like drafts would lose more than the target
-    assert s["overall"]["acceptance"] > 0.05
+def test_the_three_figures_on_drifting_traffic(simulated, scenario, start):
+    """Acceptance against the best fixed tau in hindsight, realised risk, agent calls."""
+    for part in simulated[start, scenario]["segments"]:
+        assert part["acceptance_ratio"] >= ACCEPTANCE_FACTOR[start], part
+        assert part["risk"] <= RISK_FACTOR[start] * TARGET, part
+        assert part["agent_calls"] <= 1 - part["hindsight_acceptance"] + EXTRA_CALLS, part
 
 
 def test_a_fixed_tau_does_not_keep_the_promise(simulated):
     """The reason for the online gate: the published 0.98 on the same V*-like traffic
-    loses more than the target (the realised risk this gate keeps under it)."""
+    loses more than the target allows with its tolerance (3.6%); this gate, started cold,
+    keeps its first workload within it and below the fixed tau's loss."""
     stream = simulated_stream(SCENARIOS["abrupt"][0][:1], 101)
     lost = sum(q.disagrees for q in stream if q.score is not None and q.score > 0.98)
-    assert lost / len(stream) > TARGET
-    assert simulated["abrupt"]["segments"][0]["risk"] <= TARGET + SEGMENT_TOLERANCE
+    gated = simulated["cold", "abrupt"]["segments"][0]["risk"]
+    assert lost / len(stream) > 1.5 * TARGET >= gated and gated < lost / len(stream)
 
 
 def test_bad_settings_are_refused():
-    for kwargs in ({"max_risk": 0}, {"shadow_rate": 0}, {"delta": 1}, {"window": 1}):
+    bad = ({"max_risk": 0}, {"shadow_rate": 0}, {"delta": 1}, {"window": 1}, {"tolerance": 0.5})
+    for kwargs in bad:
         with pytest.raises(ValueError):
             OnlineGate(**kwargs)
 
@@ -125,9 +200,16 @@ def test_replay_online_on_the_official_fixtures(tmp_path, capsys):
     for name in ("vstar_direct_attributes", "hr_hr_bench_4k", "hr_hr_bench_8k", "overall"):
         assert name in printed
     assert "against the agent's answer for" in printed and "the reference answer for" in printed
+    # the published tau split each run's labels by score: said, with the risk of each
+    assert "labels change source" in printed
     summary = json.loads(out.read_text())
     n = summary["overall"]["queries"]
     assert n == sum(p["queries"] for p in summary["segments"]) == len(summary["tau_path"])
+    for part in summary["segments"]:
+        sources = part["labels"]
+        assert set(sources) == {"agent", "reference"}, sources
+        # the agent labelled what the published tau rejected, the reference what it accepted
+        assert sources["agent"]["score_min"] < sources["reference"]["score_min"]
     assert (tmp_path / "r.png").stat().st_size > 10_000
     assert main(["replay-online", *args, "--json", str(tmp_path / "again.json")]) == 0
     assert json.loads((tmp_path / "again.json").read_text())["tau_path"] == summary["tau_path"]

@@ -88,7 +88,10 @@ GATE_KEY = os.urandom(24).hex()
 def server(tmp_path_factory):
     """No environment set but the online gate's key: the shipped demo checkpoints, in the
     server's process."""
-    yield from dev_server(tmp_path_factory, SPECEYES_GATE_KEY=GATE_KEY)
+    # the online graph starts where the served gate does (its routes are the plain graph's)
+    yield from dev_server(
+        tmp_path_factory, SPECEYES_GATE_KEY=GATE_KEY, SPECEYES_GATE_START_TAU="0.98"
+    )
 
 
 @pytest.fixture(scope="module")

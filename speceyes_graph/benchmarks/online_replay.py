@@ -31,6 +31,7 @@ __all__ = [
     "StreamQuery",
     "hindsight_tau",
     "replay",
+    "simulated_evidence",
     "simulated_stream",
     "stream_from_records",
     "summarise",
@@ -42,6 +43,7 @@ class StreamQuery:
     score: float | None  # the draft's acceptance score; None: no draft (judged agentic)
     disagrees: bool  # the draft disagrees with the agent (False without a draft)
     segment: str  # the run or workload it came from
+    source: str = "simulated"  # where its label came from: "agent", "reference", "simulated"
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,23 @@ def simulated_stream(segments: Sequence[Segment], seed: int, gradual: int = 0) -
             mean, sd = src.wrong if wrong else src.right
             score = 1 / (1 + math.exp(-0.6 * rng.normal(mean, sd)))
             out.append(StreamQuery(score, wrong, seg.name))
+    return out
+
+
+def simulated_evidence(
+    segment: Segment, n: int, seed: int
+) -> list[tuple[float | None, bool]]:
+    """``n`` labelled queries of ``segment``'s kind as a gate file keeps them (separability
+    or None, disagrees): a calibration run before the deployment."""
+    rng = np.random.default_rng(seed)
+    out: list[tuple[float | None, bool]] = []
+    for _ in range(n):
+        if rng.random() >= segment.drafted:
+            out.append((None, False))
+            continue
+        wrong = bool(rng.random() < segment.error)
+        mean, sd = segment.wrong if wrong else segment.right
+        out.append((float(rng.normal(mean, sd)), wrong))
     return out
 
 
@@ -167,6 +186,18 @@ def summarise(
         losses = sum(log.loss[i] for i in idx)
         taus_met = [log.tau[i] for i in idx if log.drafted[i]]
         best_tau, best_acc = hindsight_tau([stream[i] for i in idx], max_risk, taus)
+        labels: dict[str, dict[str, Any]] = {}
+        for i in idx:
+            q = stream[i]
+            if q.score is None:
+                continue
+            entry = labels.setdefault(q.source, {"drafts": 0, "losses": 0, "scores": []})
+            entry["drafts"] += 1
+            entry["losses"] += int(log.loss[i])
+            entry["scores"].append(q.score)
+        for entry in labels.values():
+            scores = entry.pop("scores")
+            entry["score_min"], entry["score_max"] = min(scores), max(scores)
         return {
             "segment": name,
             "queries": n,
@@ -175,6 +206,9 @@ def summarise(
             "accepted_error": losses / acc if acc else 0.0,
             "fallbacks": sum(not log.accepted[i] for i in idx),
             "shadows": sum(log.shadowed[i] for i in idx),
+            "agent_calls": (
+                sum(not log.accepted[i] or log.shadowed[i] for i in idx) / n if n else 0.0
+            ),
             "tau_start": taus_met[0] if taus_met else None,
             "tau_min": min(taus_met) if taus_met else None,
             "tau_max": max(taus_met) if taus_met else None,
@@ -182,6 +216,7 @@ def summarise(
             "hindsight_tau": best_tau,
             "hindsight_acceptance": best_acc,
             "acceptance_ratio": (acc / n) / best_acc if n and best_acc else None,
+            "labels": labels,
         }
 
     names = list(dict.fromkeys(log.segment))
@@ -227,9 +262,10 @@ def stream_from_records(
                 continue
             if r.get("route") == "rejected-agentic" and r.get("answer") is not None and draft:
                 disagrees = not answers_agree(draft.get("text"), r["answer"], r.get("options"))
-                sources["agent"] += 1
+                source = "agent"
             else:
                 disagrees = r.get("draft_correct") is not True
-                sources["reference"] += 1
-            stream.append(StreamQuery(score, disagrees, name))
+                source = "reference"
+            sources[source] += 1
+            stream.append(StreamQuery(score, disagrees, name, source))
     return stream, sources

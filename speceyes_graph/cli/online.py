@@ -14,7 +14,7 @@ from typing import Any
 def cmd_replay_online(args: argparse.Namespace) -> int:
     from ..benchmarks.online_replay import replay, stream_from_records, summarise
     from ..benchmarks.runner import read_records
-    from ..online_gate import OnlineGate
+    from ..online_gate import BudgetShadows, OnlineGate
 
     runs = []
     for folder in args.runs:
@@ -30,12 +30,15 @@ def cmd_replay_online(args: argparse.Namespace) -> int:
     if not any(q.score is not None for q in stream):
         print("speceyes replay-online: no gated drafts in these runs", file=sys.stderr)
         return 2
+    shadows = BudgetShadows(args.shadow_budget) if args.shadow_budget else args.shadow_rate
     gate = OnlineGate(
-        args.max_risk, args.shadow_rate, tau=args.tau, window=args.gate_window, seed=args.seed
-    )
+        args.max_risk, shadows, tau=args.tau, config=args.gate, window=args.gate_window,
+        seed=args.seed, store=None,
+    )  # fmt: skip
     log = replay(stream, gate, seed=args.seed)
     summary = summarise(stream, log, args.max_risk, list(gate.taus), window=args.window)
     summary["labels"] = sources
+    summary["tolerance"], summary["shadow_policy"] = gate.tolerance, repr(gate.shadow)
     print(_table(summary, args))
     if args.json:
         Path(args.json).write_text(json.dumps({**summary, "tau_path": log.tau}, indent=2))
@@ -47,10 +50,11 @@ def cmd_replay_online(args: argparse.Namespace) -> int:
 
 
 def _table(summary: dict[str, Any], args: argparse.Namespace) -> str:
+    start = "a gate file's evidence" if args.gate else f"tau {args.tau or 1.0}"
     lines = [
-        f"online gate: risk target {args.max_risk}, shadow rate {args.shadow_rate}, "
-        f"start tau {args.tau}; labels against the agent's answer for "
-        f"{summary['labels']['agent']} drafts, the reference answer for "
+        f"online gate: risk target {args.max_risk} (bound at most {summary['tolerance']}x), "
+        f"shadows {summary['shadow_policy']}, starting from {start}; labels against the "
+        f"agent's answer for {summary['labels']['agent']} drafts, the reference answer for "
         f"{summary['labels']['reference']}",
         f"{'run':<28}{'queries':>8}{'accepted':>10}{'risk':>8}{'acc. err':>10}"
         f"{'fallbacks':>10}{'shadows':>9}{'tau start..end (min-max)':>28}{'hindsight':>11}",
@@ -67,6 +71,7 @@ def _table(summary: dict[str, Any], args: argparse.Namespace) -> str:
             f"{part['risk']:>8.4f}{part['accepted_error']:>10.3f}{part['fallbacks']:>10}"
             f"{part['shadows']:>9}{taus:>28}{part['hindsight_acceptance']:>11.3f}"
         )
+    lines += _label_sources(summary)
     if summary.get("worst_window_risk") is not None:
         lines.append(
             f"worst risk over windows of {summary['window']} queries: "
@@ -77,6 +82,27 @@ def _table(summary: dict[str, Any], args: argparse.Namespace) -> str:
         "of the best fixed tau for that run, knowing its labels"
     )
     return "\n".join(lines)
+
+
+def _label_sources(summary: dict[str, Any]) -> list[str]:
+    """Where a run's labels change source, said: an imported official run labels drafts the
+    published tau rejected by the agent's answer (the agent ran) and those it accepted by
+    the reference answer (it did not), so above that score a "disagreement" is a wrong
+    draft, not a draft the agent would have answered otherwise; the risk is split too."""
+    lines = []
+    for part in summary["segments"]:
+        labels = part["labels"]
+        agent, reference = labels.get("agent"), labels.get("reference")
+        if not agent or not reference:
+            continue
+        lines.append(
+            f"  {part['segment'][:27]}: labels change source: the agent's answer for "
+            f"{agent['drafts']} drafts (scores {agent['score_min']:.3f}-{agent['score_max']:.3f}"
+            f", risk {agent['losses'] / part['queries']:.4f}), the reference answer for "
+            f"{reference['drafts']} (scores {reference['score_min']:.3f}-"
+            f"{reference['score_max']:.3f}, risk {reference['losses'] / part['queries']:.4f})"
+        )
+    return lines
 
 
 def _plot(log: Any, max_risk: float, window: int, out: Path) -> None:
@@ -131,9 +157,19 @@ def add_commands(sub: Any) -> None:
     p.add_argument("runs", nargs="+", help="run folders, in stream order")
     p.add_argument("--max-risk", type=float, default=0.02, help="the risk target (default 0.02)")
     p.add_argument(
-        "--shadow-rate", type=float, default=0.1, help="share of accepted drafts verified"
-    )
-    p.add_argument("--tau", type=float, default=0.98, help="where tau starts (default 0.98)")
+        "--shadow-rate", type=float, help="a flat chance of verifying an accepted draft "
+        "(default the gate's: docs/calibration.md)",
+    )  # fmt: skip
+    p.add_argument(
+        "--shadow-budget", type=float, metavar="CALLS",
+        help="shadow runs per query instead: the chance follows the gate's acceptance",
+    )  # fmt: skip
+    p.add_argument(
+        "--tau", type=float,
+        help="where tau starts, unguarded for the warm-up (default 1.0: nothing accepted "
+        "until the window certifies a tau)",
+    )  # fmt: skip
+    p.add_argument("--gate", help="a gate file from `speceyes calibrate`: its evidence seeds the window")
     p.add_argument(
         "--shuffle", type=int, metavar="SEED", help="shuffle the queries within each run"
     )

@@ -26,7 +26,7 @@ from ..benchmarks.report import build_report, write_report
 from ..benchmarks.runner import read_records, run_benchmark
 from ..drawing import draw
 from ..graph import create_speceyes_graph
-from ..online_gate import OnlineGate
+from ..online_gate import OnlineGate, read_evidence
 from ..options import SpeculationOptions
 from ..separability import GateConfig
 from ..state import Mode
@@ -167,15 +167,22 @@ def demo_graph(
     )
 
 
+DEMO_GATE_EVIDENCE = Path(__file__).parent / "gate_evidence.json"
+"""300 labelled calibration queries of the shipped checkpoints, on scenes the demo never
+evaluates on (``scripts/make_demo_gate_evidence.py``): the online gate's warm start."""
+
+
 def demo_online_gate(n: int, max_risk: float = 0.05, shadow_rate: float = 0.5) -> OnlineGate:
-    """The demo's online gate: it starts at the published tau and, since a demo is short,
-    moves after a sixth of its queries (at least 10) on a window as long as the demo."""
+    """The demo's online gate, started as a deployment with a gate file would be: from 300
+    labelled calibration queries (:data:`DEMO_GATE_EVIDENCE`), on a window as long as the
+    demo (at least those 300), so the live queries replace them as they come."""
+    evidence = read_evidence(DEMO_GATE_EVIDENCE)
     return OnlineGate(
         max_risk,
         shadow_rate,
         config=DEMO_GRAPH_SETTINGS["gate"],
-        window=max(n, 2),
-        warmup=min(max(10, n // 6), max(n, 2)),
+        evidence=evidence,
+        window=max(n, len(evidence), 2),
         seed=0,
         store=None,
     )

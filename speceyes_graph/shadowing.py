@@ -1,0 +1,168 @@
+"""Shadowing: which accepted drafts the agent verifies off the user's path, and running it.
+
+An accepted draft's answer goes to the user; whether it agrees with the agent is known only
+if the agent runs on it anyway: a *shadow run*. A :class:`ShadowPolicy` gives each accepted
+draft its chance of one, before the coin is drawn; the gate keeps that chance with the
+draft and weighs the labels by it, so its estimate stays unbiased whatever the policy (the
+drafts shadowed at one chance are a uniform sample of those accepted at it). Two policies:
+
+- :class:`FlatShadows`: the same chance for every accepted draft;
+- :class:`BudgetShadows`: a budget of shadow runs per query, spent on however many drafts
+  the gate accepts now: few acceptances (a cautious gate, a new deployment, traffic that
+  turned hard) are shadowed at a high chance, so the gate learns fast where it knows least;
+  many at a low one. Its chances come from a short ladder, each a group of its own in the
+  gate's bound.
+
+Any other policy (one that looks at the score too) is a class with ``levels`` and
+``chance``. :class:`ShadowRuns` runs the shadows: bounded threads and queue, off the user's
+path, each run's cost counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["BudgetShadows", "FlatShadows", "ShadowPolicy", "ShadowRuns", "shadow_policy"]
+
+log = logging.getLogger(__name__)
+
+
+class ShadowPolicy(Protocol):
+    """How likely an accepted draft is to be shadowed.
+
+    ``levels``: every chance the policy may give (the gate's bound splits its level over
+    them); ``chance``: the one for this draft, from its score, the gate's tau and the share
+    of recent queries it accepted. Called before the coin: a chance must not depend on the
+    draft's label."""
+
+    @property
+    def levels(self) -> tuple[float, ...]: ...
+
+    def chance(self, score: float, tau: float, acceptance: float) -> float: ...
+
+
+@dataclass(frozen=True)
+class FlatShadows:
+    """Every accepted draft shadowed with chance ``rate``."""
+
+    rate: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.rate <= 1:
+            raise ValueError(f"a shadow rate must be in (0, 1], got {self.rate}")
+
+    @property
+    def levels(self) -> tuple[float, ...]:
+        return (self.rate,)
+
+    def chance(self, score: float, tau: float, acceptance: float) -> float:
+        return self.rate
+
+
+@dataclass(frozen=True)
+class BudgetShadows:
+    """About ``budget`` shadow runs per query: an accepted draft is shadowed with the chance
+    of ``ladder`` nearest (in ratio) to ``budget / acceptance``, the share of recent
+    queries the gate accepted; the ladder's largest while the gate accepts so few that
+    even every one fits the budget."""
+
+    budget: float
+    ladder: tuple[float, ...] = (1.0, 0.5, 0.25, 0.125)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.budget <= 1:
+            raise ValueError(f"a shadow budget must be in (0, 1] runs per query: {self.budget}")
+        if not self.ladder or not all(0 < c <= 1 for c in self.ladder):
+            raise ValueError(f"the ladder's chances must be in (0, 1]: {self.ladder}")
+
+    @property
+    def levels(self) -> tuple[float, ...]:
+        return tuple(sorted(set(self.ladder), reverse=True))
+
+    def chance(self, score: float, tau: float, acceptance: float) -> float:
+        wanted = self.budget / acceptance if acceptance > 0 else 1.0
+        return min(self.levels, key=lambda c: abs(math.log(c / min(wanted, 1.0))))
+
+
+def shadow_policy(spec: float | ShadowPolicy) -> ShadowPolicy:
+    """A policy as the gate takes it: a number is a flat rate."""
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        return FlatShadows(float(spec))
+    if isinstance(spec, bool) or not hasattr(spec, "chance") or not hasattr(spec, "levels"):
+        raise TypeError(f"a shadow policy has levels and chance(): got {spec!r}")
+    return spec
+
+
+class ShadowRuns:
+    """Shadow verification off the user's path: at most ``concurrency`` runs at once in
+    threads of their own and ``queue`` more waiting; past that a shadow is dropped (its
+    label is lost, nothing else; counted). Each run's cost is counted: runs, seconds,
+    failures."""
+
+    def __init__(self, concurrency: int = 2, queue: int = 64) -> None:
+        if concurrency < 1 or queue < 0:
+            raise ValueError(f"concurrency must be >= 1 and queue >= 0: {concurrency}, {queue}")
+        self.concurrency, self.queue = concurrency, queue
+        self._pool: ThreadPoolExecutor | None = None
+        self._slots = threading.BoundedSemaphore(concurrency + queue)
+        self._lock = threading.Lock()
+        self._running: set[Future[None]] = set()
+        self.counts = {"started": 0, "labelled": 0, "failed": 0, "dropped": 0}
+        self.seconds = 0.0
+
+    def submit(self, run: Callable[[], bool], done: Callable[[bool | None], None]) -> bool:
+        """Start ``run`` (it returns whether the draft disagrees); ``done`` gets its label,
+        or None when it failed. False: no room, the shadow was dropped."""
+        if not self._slots.acquire(blocking=False):
+            with self._lock:
+                self.counts["dropped"] += 1
+            done(None)
+            return False
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.concurrency, "speceyes-shadow")
+            self.counts["started"] += 1
+            future = self._pool.submit(self._run, run, done)
+            self._running.add(future)
+        future.add_done_callback(self._finished)
+        return True
+
+    def _run(self, run: Callable[[], bool], done: Callable[[bool | None], None]) -> None:
+        t0 = time.perf_counter()
+        label: bool | None = None
+        try:
+            label = bool(run())
+        except Exception as exc:  # a failed shadow loses only its label
+            log.info("shadow run failed: %s: %s", type(exc).__name__, exc)
+        with self._lock:
+            self.seconds += time.perf_counter() - t0
+            self.counts["labelled" if label is not None else "failed"] += 1
+        try:
+            done(label)
+        except Exception:
+            log.exception("recording a shadow run's label failed")
+
+    def _finished(self, future: Future[None]) -> None:
+        with self._lock:
+            self._running.discard(future)
+        self._slots.release()
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait for the shadow runs in flight (a CLI before it exits, a test); True if none
+        is left."""
+        with self._lock:
+            running = set(self._running)
+        _, pending = wait_for(running, timeout=timeout)
+        return not pending
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {**self.counts, "running": len(self._running), "seconds": self.seconds}
