@@ -21,8 +21,8 @@ from langchain.agents import create_agent
 from langchain_core.messages import HumanMessage
 
 from speceyes_graph import SpecEyesMiddleware
+from speceyes_graph.agents.toolsets import build_tools, load_toolset
 from speceyes_graph.demo import DEMO_PROMPTS, demo_models, demo_queries
-from speceyes_graph.toolsets import build_tools, load_toolset
 
 models = demo_models()  # two tiny Qwen-VL checkpoints (ChatTransformersVLM), no download
 small, large = models["small"], models["large"]

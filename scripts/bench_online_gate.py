@@ -32,7 +32,7 @@ from speceyes_graph.benchmarks.online_replay import (
     simulated_stream,
     summarise,
 )
-from speceyes_graph.online_gate import OnlineGate, default_taus
+from speceyes_graph.gate.online import OnlineGate, default_taus
 
 
 def figures(

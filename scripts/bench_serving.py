@@ -212,7 +212,7 @@ def start_setup(
     """Start what a setup needs (stopped by ``cleanup``); returns how to run the load on it
     and the process groups it adds."""
     if setup == "local":
-        from speceyes_graph.studio import make_graph
+        from speceyes_graph.integrations.studio import make_graph
 
         graph = make_graph()
         return lambda: run_local(graph, inputs, in_flight), {"graph (this process)": [os.getpgrp()]}

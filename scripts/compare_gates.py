@@ -26,10 +26,10 @@ from pathlib import Path
 
 from speceyes_graph.benchmarks.runner import read_records
 from speceyes_graph.benchmarks.sweep import compare_gates, gates_table
-from speceyes_graph.calibration import calibrate
 from speceyes_graph.cli import main as speceyes
-from speceyes_graph.label_free import NotBimodal, calibrate_unlabelled
-from speceyes_graph.separability import DEFAULT_TAU
+from speceyes_graph.gate.calibration import calibrate
+from speceyes_graph.gate.label_free import NotBimodal, calibrate_unlabelled
+from speceyes_graph.gate.separability import DEFAULT_TAU
 
 MODES = ("agent", "speceyes", "small")
 SEEDS = {"cal": 777_001, "eval": 20_251_130}

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from speceyes_graph.benchmarks.runner import read_records, run_benchmark
-from speceyes_graph.calibration import calibrate
 from speceyes_graph.demo import demo_graph, demo_models, demo_queries
+from speceyes_graph.gate.calibration import calibrate
 
 out = Path(sys.argv[1] if len(sys.argv) > 1 else "speceyes-demo-evidence")
 models = demo_models(batch_size=16)

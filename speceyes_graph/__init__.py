@@ -8,15 +8,11 @@ its answer separability clears a threshold; the rest run the agent. The graph
 three ways to use the same method.
 """
 
-from . import phases
-from .agent import LoopOptions, create_agent_loop
-from .compose import create_speceyes_chat_graph, speceyes_tool
-from .graph import SpecEyesError, create_speceyes_graph, parse_judge
-from .middleware import ImageStoreMiddleware, SpecEyesMiddleware
-from .online_gate import OnlineGate
-from .options import SpeculationOptions
-from .prompts import Prompts
-from .separability import (
+from . import _moved, phases
+from .agents.loop import LoopOptions, create_agent_loop
+from .agents.toolsets import Toolset, ToolsetError, load_toolset, register_tool
+from .gate.online import OnlineGate
+from .gate.separability import (
     GateConfig,
     SeparabilityError,
     acceptance_score,
@@ -24,6 +20,11 @@ from .separability import (
     answer_separability_from_logprobs,
     token_separability,
 )
+from .graph import SpecEyesError, create_speceyes_graph, parse_judge
+from .graph.options import SpeculationOptions
+from .integrations.compose import create_speceyes_chat_graph, speceyes_tool
+from .integrations.middleware import ImageStoreMiddleware, SpecEyesMiddleware
+from .prompts import Prompts
 from .settings import Limits
 from .state import (
     AgentStep,
@@ -35,9 +36,10 @@ from .state import (
     SpecEyesOutput,
     SpecEyesState,
 )
-from .toolsets import Toolset, ToolsetError, load_toolset, register_tool
 
 __version__ = "0.1.0"
+
+_moved.install(__name__)  # the paths modules had before the subpackages (DeprecationWarning)
 
 __all__ = [
     "AgentStep",

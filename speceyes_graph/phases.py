@@ -8,9 +8,9 @@
   :class:`~speceyes_graph.state.Draft` it returns says whether the answer is kept.
 
 Each takes a query (``question``, ``images``, ``options``), not a graph's state, so the
-graph's nodes (:mod:`speceyes_graph.nodes`), the middleware in front of a LangChain agent
-(:class:`~speceyes_graph.middleware.SpecEyesMiddleware`) and the online gate's part of a run
-(:mod:`speceyes_graph.online_steps`, which gates what :func:`gate` scored) share one
+graph's nodes (:mod:`speceyes_graph.graph.nodes`), the middleware in front of a LangChain agent
+(:class:`~speceyes_graph.integrations.middleware.SpecEyesMiddleware`) and the online gate's part of a run
+(:mod:`speceyes_graph.gate.online_steps`, which gates what :func:`gate` scored) share one
 implementation of the method, and a user's own graph can call the same.
 
 Why one module of three functions rather than a module per phase: each phase is a prompt,
@@ -46,10 +46,10 @@ from speceyes_tools.deadlines import check_deadline, deadline_scope
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store, store_scope
 
 from .effects import Blocking, ModelCall, Steps
+from .gate.separability import GateConfig
 from .messages import accepts_image_refs, bare_model, for_model, user_message
 from .prompts import Prompts
 from .protocol import message_text, parse_judge
-from .separability import GateConfig
 from .state import Draft
 
 __all__ = [

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from .separability import GateConfig
+from .gate.separability import GateConfig
 from .state import Mode
 
 __all__ = ["Limits", "OnError", "RunSettings", "SettingsError", "resolve_settings"]

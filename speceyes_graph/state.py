@@ -58,7 +58,7 @@ Mode = Literal["speceyes", "agent", "small", "specreason"]
 """``speceyes`` (the method), ``agent`` (baseline: every query to the agent loop),
 ``small`` (draft only: the speculator's answer is final, the gate score is still recorded)
 and ``specreason`` (the SpecReason baseline: the small model drafts each step of the agent's
-reasoning, the large model scores it; see :mod:`speceyes_graph.specreason`)."""
+reasoning, the large model scores it; see :mod:`speceyes_graph.graph.specreason`)."""
 
 Route = Literal[
     "speculative",

@@ -47,8 +47,8 @@ def plan(demo_local, tmp_path_factory) -> list[list[tuple[str, dict, str]]]:
     models). Even threads ask the plain graph; odd ones are chats whose first turn pastes an
     image and whose follow-ups ask about it in text alone."""
     from speceyes_graph import create_speceyes_graph
-    from speceyes_graph.compose import _spelled_out
     from speceyes_graph.demo import DEMO_GRAPH_SETTINGS, demo_queries
+    from speceyes_graph.integrations.compose import _spelled_out
 
     folder = tmp_path_factory.mktemp("aegra-queries")
     queries = [
@@ -313,9 +313,9 @@ def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels
     from langgraph.store.postgres import PostgresStore
     from langgraph_sdk import get_sync_client
 
-    from speceyes_graph.gate_keys import GateKeys
-    from speceyes_graph.ledger import ENTRY_VERSION, Observation, read_entry
-    from speceyes_graph.online_gate import OnlineGate
+    from speceyes_graph.gate.keys import GateKeys
+    from speceyes_graph.gate.ledger import ENTRY_VERSION, Observation, read_entry
+    from speceyes_graph.gate.online import OnlineGate
 
     while len(cluster.alive()) < 2:  # the test before killed one
         cluster.add()

@@ -22,8 +22,8 @@ from speceyes_graph import (
     create_speceyes_graph,
 )
 from speceyes_graph.effects import arun_steps, run_steps
+from speceyes_graph.graph.options import resolve_setup
 from speceyes_graph.models import ScriptedChatModel
-from speceyes_graph.options import resolve_setup
 from speceyes_graph.phases import draft, gate
 from speceyes_graph.phases import judge as judge_phase
 from speceyes_graph.protocol import message_text

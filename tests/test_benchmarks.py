@@ -376,7 +376,7 @@ def rec(
 ):
     draft = None
     if sep is not None:
-        from speceyes_graph.separability import GateConfig
+        from speceyes_graph.gate.separability import GateConfig
 
         draft = {"text": "A", **GateConfig().evaluate(fake_logprobs(["A"], [sep]))}
     return {

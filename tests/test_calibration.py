@@ -11,7 +11,7 @@ import pytest
 
 from helpers import deepeyes_agent, judge, speculator
 from speceyes_graph import GateConfig, create_speceyes_graph
-from speceyes_graph.calibration import binomial_tail_pvalue, calibrate
+from speceyes_graph.gate.calibration import binomial_tail_pvalue, calibrate
 
 COMPETITORS = np.sort(np.random.default_rng(0).normal(0, 1, 63))[::-1]
 
@@ -126,7 +126,7 @@ def test_calibrate_command(tmp_path):
     assert len(gate["evidence"]) == gate["n_calibration"] and {
         type(loss) for _, loss in gate["evidence"]
     } == {bool}
-    from speceyes_graph.online_gate import OnlineGate
+    from speceyes_graph.gate.online import OnlineGate
 
     online = OnlineGate(0.05, config=tmp_path / "run" / "gate.json", store=None)
     assert online.state()["seeded"] == gate["n_calibration"] and online.tau < 1.0

@@ -53,7 +53,7 @@ def test_graph_drawing(tmp_path, capsys):
 
 def test_workflow_edges_are_labelled():
     from speceyes_graph.cli.graph import _placeholder_graph
-    from speceyes_graph.drawing import to_dot
+    from speceyes_graph.graph.drawing import to_dot
 
     g = _placeholder_graph("speceyes", "deepeyes").compile().get_graph(xray=True)
     labels = {(e.source, e.target): e.data for e in g.edges}
@@ -71,7 +71,7 @@ def test_png_without_graphviz(monkeypatch):
     import shutil
 
     from speceyes_graph.cli.graph import _placeholder_graph
-    from speceyes_graph.drawing import draw
+    from speceyes_graph.graph.drawing import draw
 
     monkeypatch.setattr(shutil, "which", lambda name: None)
     png = draw(_placeholder_graph("speceyes", "deepeyes"), "png")

@@ -10,7 +10,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from helpers import deepeyes_agent, judge, speculator
 from speceyes_graph import create_speceyes_chat_graph, create_speceyes_graph, speceyes_tool
-from speceyes_graph.compose import split_options
+from speceyes_graph.integrations.compose import split_options
 from speceyes_graph.models import ScriptedChatModel, fake_logprobs
 from speceyes_graph.protocol import message_text
 

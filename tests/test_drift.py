@@ -11,16 +11,16 @@ import pytest
 from scipy import stats
 
 from helpers import draft, records_of, two_modes
-from speceyes_graph.calibration import calibrate, draft_scores, gate_drift
-from speceyes_graph.drift import (
+from speceyes_graph.gate.calibration import calibrate, draft_scores, gate_drift
+from speceyes_graph.gate.drift import (
     MAX_POINTS,
     ScoreDistribution,
     check_drift,
     ks_two_sample,
     two_proportion_test,
 )
-from speceyes_graph.label_free import calibrate_unlabelled
-from speceyes_graph.separability import acceptance_score
+from speceyes_graph.gate.label_free import calibrate_unlabelled
+from speceyes_graph.gate.separability import acceptance_score
 
 
 @pytest.mark.parametrize(
@@ -128,7 +128,7 @@ def test_labelled_gate_files_record_the_distribution_too(tmp_path):
 
 
 def draft_score_is_high(record):
-    from speceyes_graph.calibration import raw_draft_score
+    from speceyes_graph.gate.calibration import raw_draft_score
 
     return raw_draft_score(record, "min") > 5
 

@@ -21,9 +21,9 @@ import pytest
 from langgraph.store.memory import InMemoryStore
 from test_online_graph import agent, build, query
 
-from speceyes_graph.gate_keys import GateKeys, MissingGateKey
-from speceyes_graph.ledger import Observation, StoreLedger, entry_fields, read_entry
-from speceyes_graph.online_gate import OnlineGate
+from speceyes_graph.gate.keys import GateKeys, MissingGateKey
+from speceyes_graph.gate.ledger import Observation, StoreLedger, entry_fields, read_entry
+from speceyes_graph.gate.online import OnlineGate
 
 KEY = "the deployment gate key of 32+ characters"
 NAMESPACE = ("speceyes", "online_gate", "default")

@@ -12,8 +12,8 @@ from typing_extensions import TypedDict
 
 from helpers import deepeyes_agent, judge, speculator
 from speceyes_graph import GateConfig, create_speceyes_graph, parse_judge
+from speceyes_graph.gate.separability import acceptance_score
 from speceyes_graph.models import ScriptedChatModel
-from speceyes_graph.separability import acceptance_score
 from speceyes_graph.state import merge_timings
 
 

@@ -25,8 +25,8 @@ from speceyes_graph.benchmarks.official_lines import (
 from speceyes_graph.benchmarks.official_results import import_official
 from speceyes_graph.benchmarks.report import build_report
 from speceyes_graph.benchmarks.runner import read_records
-from speceyes_graph.calibration import calibrate, raw_draft_score
 from speceyes_graph.cli import main
+from speceyes_graph.gate.calibration import calibrate, raw_draft_score
 
 HR8K = OfficialRun("hr", "hr_bench_8k", "speceyes", "min", 0.98)
 

@@ -18,8 +18,8 @@ import pytest
 
 from helpers import draft, records_of, two_modes
 from speceyes_graph import GateConfig
-from speceyes_graph.calibration import draft_scores
-from speceyes_graph.label_free import (
+from speceyes_graph.gate.calibration import draft_scores
+from speceyes_graph.gate.label_free import (
     DEFAULT_MIN_ACCURACY,
     UNSURE_BELOW,
     LevelNotReached,

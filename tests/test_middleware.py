@@ -21,7 +21,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from helpers import question_of, speculator
 from speceyes_graph import GateConfig, ImageStoreMiddleware, OnlineGate, SpecEyesMiddleware
-from speceyes_graph.middleware import pixel_free_agent
+from speceyes_graph.integrations.middleware import pixel_free_agent
 from speceyes_graph.models import ScriptedChatModel
 from speceyes_graph.protocol import message_text
 from speceyes_tools.vision import make_crop_tool, make_zoom_tool
@@ -310,10 +310,10 @@ def test_create_agent_with_the_middleware_answers_as_the_graph_does(demo_queries
     accepted and some rejected, and every route is compared. One request per generate call:
     a batched call's scores also depend on which requests share it, in the last bits."""
     from speceyes_graph import LoopOptions, create_speceyes_graph
-    from speceyes_graph.agent import agent_system_prompt
+    from speceyes_graph.agents.loop import agent_system_prompt
+    from speceyes_graph.agents.toolsets import build_tools, load_toolset
     from speceyes_graph.demo import DEMO_PROMPTS, demo_models
     from speceyes_graph.protocol import extract_answer
-    from speceyes_graph.toolsets import build_tools, load_toolset
     from speceyes_tools.images import default_store
 
     models = demo_models(batch_size=1)

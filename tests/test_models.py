@@ -9,9 +9,9 @@ from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, System
 
 from helpers import judge
 from speceyes_graph import GateConfig, create_speceyes_graph
+from speceyes_graph.gate.separability import answer_separability, answer_separability_from_logprobs
 from speceyes_graph.messages import user_message
 from speceyes_graph.models import ChatTransformersVLM, to_hf_messages
-from speceyes_graph.separability import answer_separability, answer_separability_from_logprobs
 
 QUESTIONS = [
     "What colour is it?",

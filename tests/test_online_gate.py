@@ -1,4 +1,4 @@
-"""The online gate (speceyes_graph.online_gate): its estimate of a window's risk is unbiased
+"""The online gate (speceyes_graph.gate.online): its estimate of a window's risk is unbiased
 from the labels production gives (rejected drafts and shadowed accepted ones, each weighted
 by the chance it was shadowed with), its bound is exact (never below its level), it never
 accepts more than those labels support, it starts guarded (cold: accepting nothing until
@@ -23,7 +23,7 @@ from speceyes_graph.benchmarks.online_replay import (
     simulated_stream,
     summarise,
 )
-from speceyes_graph.online_gate import BudgetShadows, OnlineGate, default_taus, upper_bound
+from speceyes_graph.gate.online import BudgetShadows, OnlineGate, default_taus, upper_bound
 
 TARGET = 0.02
 # The three figures per 3,000-query workload at the gate's defaults, as

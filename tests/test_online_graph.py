@@ -17,8 +17,8 @@ from langgraph.store.memory import InMemoryStore
 
 from helpers import judge, speculator
 from speceyes_graph import create_speceyes_graph
+from speceyes_graph.gate.online import OnlineGate
 from speceyes_graph.models import ScriptedChatModel
-from speceyes_graph.online_gate import OnlineGate
 from speceyes_graph.protocol import message_text
 
 OPTIONS = ["red", "blue"]
@@ -310,8 +310,8 @@ def test_a_store_ledger_keeps_the_last_window_and_prunes_what_no_window_holds(sh
     about a window long; a late label replaces its query's entry."""
     import time
 
-    from speceyes_graph.gate_keys import GateKeys
-    from speceyes_graph.ledger import Observation, StoreLedger
+    from speceyes_graph.gate.keys import GateKeys
+    from speceyes_graph.gate.ledger import Observation, StoreLedger
 
     keys = GateKeys(KEY)
     a, b = (StoreLedger(shared_store, ("t", "ledger"), 10, keys, sync_s=0.0) for _ in range(2))

@@ -120,7 +120,7 @@ def test_the_served_graph_is_strict(monkeypatch, tmp_path, scene):
     monkeypatch.setenv("SPECEYES_MODELS", "example")
     monkeypatch.setenv("SPECEYES_BLOB_DIR", str(tmp_path / "blobs"))
     monkeypatch.setenv("SPECEYES_ON_ERROR", "record")
-    import speceyes_graph.studio as studio
+    import speceyes_graph.integrations.studio as studio
 
     studio = importlib.reload(studio)
     g = studio.graph

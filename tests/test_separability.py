@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from speceyes_graph.models import fake_logprobs
-from speceyes_graph.separability import (
+from speceyes_graph.gate.separability import (
     GateConfig,
     SeparabilityError,
     acceptance_score,
@@ -18,6 +17,7 @@ from speceyes_graph.separability import (
     token_separability,
     token_separability_from_logprobs,
 )
+from speceyes_graph.models import fake_logprobs
 
 
 def manual(row, k):

@@ -340,8 +340,8 @@ def test_the_middleware_agent_through_the_server(server, scenes):
     from langgraph_sdk import get_sync_client
 
     from speceyes_graph.demo import DEMO_PROMPTS, demo_models
-    from speceyes_graph.separability import GateConfig
-    from speceyes_graph.studio import make_agent_graph
+    from speceyes_graph.gate.separability import GateConfig
+    from speceyes_graph.integrations.studio import make_agent_graph
     from speceyes_tools.images import ImageStore
 
     def message(inputs) -> dict:

@@ -281,7 +281,7 @@ def test_studio_graph_from_environment(monkeypatch, scene4k, tmp_path):
         monkeypatch.setenv("SPECEYES_LARGE_URL", server.url)
         monkeypatch.setenv("SPECEYES_LARGE_MODEL", "large")
         graph = runpy.run_path(
-            str(Path(__file__).resolve().parents[1] / "speceyes_graph/studio.py")
+            str(Path(__file__).resolve().parents[1] / "speceyes_graph/integrations/studio.py")
         )["graph"]
         assert graph.invoke(q("easy: colour?", scene4k))["route"] == "speculative"
 

@@ -5,8 +5,8 @@ from langchain_core.messages import AIMessage
 
 from helpers import deepeyes_agent, judge, speculator
 from speceyes_graph import GateConfig, Limits, SpecEyesError, create_speceyes_graph
+from speceyes_graph.gate.separability import acceptance_score
 from speceyes_graph.models import ScriptedChatModel, fake_logprobs
-from speceyes_graph.separability import acceptance_score
 
 
 def build(j="no", s=None, a=None, **kw):

@@ -18,8 +18,8 @@ pytest.importorskip("langchain_openai", reason="the openai extra")
 from engine_parity import assert_same, local_run, run_configuration  # noqa: E402
 
 from speceyes_graph.demo.engines import served_models  # noqa: E402
+from speceyes_graph.gate.separability import GateConfig  # noqa: E402
 from speceyes_graph.models import openai_chat_model  # noqa: E402
-from speceyes_graph.separability import GateConfig  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 

@@ -10,9 +10,9 @@ from langchain_core.messages import AIMessage
 
 from helpers import deepeyes_agent, judge, question_of
 from speceyes_graph import create_speceyes_graph
+from speceyes_graph.graph.specreason import parse_score
 from speceyes_graph.models import ScriptedChatModel
 from speceyes_graph.protocol import message_text
-from speceyes_graph.specreason import parse_score
 
 PUBLISHED = json.loads(
     (Path(__file__).parent / "data" / "published_thyme_prompts.json").read_text()

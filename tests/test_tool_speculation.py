@@ -9,9 +9,9 @@ from langchain_core.messages import AIMessage
 
 from helpers import deepeyes_agent, judge
 from speceyes_graph import GateConfig, create_speceyes_graph
+from speceyes_graph.gate.separability import acceptance_score, answer_span
 from speceyes_graph.models import ScriptedChatModel, fake_logprobs
 from speceyes_graph.protocol import message_text
-from speceyes_graph.separability import acceptance_score, answer_span
 from speceyes_graph.settings import Limits
 
 ANSWER_TOKENS = ["<think>", "I", "see", "it", "</think>", "<answer>", "red", "</answer>"]

@@ -4,8 +4,8 @@ import pytest
 
 from helpers import judge, speculator
 from speceyes_graph import ToolsetError, create_speceyes_graph, load_toolset
+from speceyes_graph.agents.toolsets import BUILTIN_TOOLSETS, build_tools
 from speceyes_graph.models import ScriptedChatModel
-from speceyes_graph.toolsets import BUILTIN_TOOLSETS, build_tools
 
 
 def names(toolset):

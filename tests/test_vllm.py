@@ -30,11 +30,11 @@ from speceyes_graph.demo import (  # noqa: E402
     DEMO_GRAPH_SETTINGS,
 )
 from speceyes_graph.demo.engines import served_models  # noqa: E402
+from speceyes_graph.gate.separability import GateConfig  # noqa: E402
 from speceyes_graph.messages import for_model, user_message  # noqa: E402
 from speceyes_graph.models import openai_chat_model  # noqa: E402
 from speceyes_graph.models.served import ServedModelError  # noqa: E402
 from speceyes_graph.prompts import THYME_SYSTEM_PROMPT  # noqa: E402
-from speceyes_graph.separability import GateConfig  # noqa: E402
 from speceyes_tools import ImageStore  # noqa: E402
 from speceyes_tools.images import store_scope  # noqa: E402
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..separability import (
+from ..gate.separability import (
     DEFAULT_ALPHA,
     Aggregation,
     acceptance_score,

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..gate.separability import DEFAULT_ALPHA, DEFAULT_K
 from ..prompts import option_letters
-from ..separability import DEFAULT_ALPHA, DEFAULT_K
 from .official import official_rule
 from .scoring import is_correct
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..separability import DEFAULT_ALPHA, DEFAULT_K
+from ..gate.separability import DEFAULT_ALPHA, DEFAULT_K
 from .official_lines import (
     AGGREGATION_NAMES,
     BENCHMARK_NAMES,

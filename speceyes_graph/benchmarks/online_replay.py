@@ -2,7 +2,7 @@
 
 A stream is a list of :class:`StreamQuery` (a draft's acceptance score, or None when the
 judge sent the query to the agent, and whether the draft disagrees with the agent's answer).
-:func:`replay` gates it query by query with an :class:`~speceyes_graph.online_gate.OnlineGate`
+:func:`replay` gates it query by query with an :class:`~speceyes_graph.gate.online.OnlineGate`
 as production would: a rejected draft's label arrives (the agent ran), an accepted draft's
 only when the gate shadowed it. What the replay reports is realised on *every* query,
 labelled or not, since a replay knows all the labels: the risk (queries answered by a
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..online_gate import OnlineGate
+from ..gate.online import OnlineGate
 
 __all__ = [
     "SCENARIOS",
@@ -93,9 +93,7 @@ def simulated_stream(segments: Sequence[Segment], seed: int, gradual: int = 0) -
     return out
 
 
-def simulated_evidence(
-    segment: Segment, n: int, seed: int
-) -> list[tuple[float | None, bool]]:
+def simulated_evidence(segment: Segment, n: int, seed: int) -> list[tuple[float | None, bool]]:
     """``n`` labelled queries of ``segment``'s kind as a gate file keeps them (separability
     or None, disagrees): a calibration run before the deployment."""
     rng = np.random.default_rng(seed)
@@ -249,7 +247,7 @@ def stream_from_records(
     draft are queries the judge sent to the agent. Imported drafts whose correctness the
     script did not keep count as disagreeing (the cautious reading)."""
     from ..answers import answers_agree
-    from ..calibration import draft_scores
+    from ..gate.calibration import draft_scores
 
     stream: list[StreamQuery] = []
     sources = {"agent": 0, "reference": 0}

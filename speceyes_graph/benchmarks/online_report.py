@@ -2,7 +2,7 @@
 estimate of its risk (with the upper bound it certified), the risk realised so far, and the
 share of accepted drafts it shadow-verified.
 
-Every draft an :class:`~speceyes_graph.online_gate.OnlineGate` gated records ``tau``,
+Every draft an :class:`~speceyes_graph.gate.online.OnlineGate` gated records ``tau``,
 ``shadowed``, ``gated_at`` and the gate's ``gate_risk`` / ``gate_risk_bound`` at that moment,
 so the path is read from the run's records alone (a resumed run included). The realised risk
 counts the queries answered by an accepted draft that disagrees with the agent's answer to

@@ -26,7 +26,7 @@ from langgraph.graph import END, START, StateGraph
 
 from speceyes_tools.images import ImageStore
 
-from ..graph import create_speceyes_graph
+from ..graph.build import create_speceyes_graph
 from ..models.scripted import ScriptedChatModel, fake_logprobs
 from ..state import SpecEyesInput, SpecEyesOutput, SpecEyesState
 

@@ -9,8 +9,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..calibration import raw_draft_score
-from ..separability import DEFAULT_ALPHA
+from ..gate.calibration import raw_draft_score
+from ..gate.separability import DEFAULT_ALPHA
 from .draft_scores import auroc, draft_score
 
 __all__ = ["write_plots"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..calibration import gate_drift
+from ..gate.calibration import gate_drift
 from . import plots
 from .draft_scores import auroc, draft_token_scores
 from .official import grade, official_reference, official_rule

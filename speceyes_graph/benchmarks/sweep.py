@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from ..separability import Aggregation
+from ..gate.separability import Aggregation
 from .draft_scores import auroc, draft_score, draft_token_scores
 
 __all__ = ["AGGREGATIONS", "TAUS", "compare_gates", "gate_outcome", "gates_table", "sweep"]

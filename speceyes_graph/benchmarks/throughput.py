@@ -35,7 +35,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 
 from speceyes_tools.images import ImageStore, default_store, store_scope
 
-from ..graph import create_speceyes_graph
+from ..graph.build import create_speceyes_graph
 from ..messages import user_message
 from ..models.scripted import fake_logprobs
 from ..prompts import Prompts

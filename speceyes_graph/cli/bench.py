@@ -68,7 +68,7 @@ def check_bench_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             parser.error("--gate-warmup must be at least 0")
     if args.gate:
         try:
-            from ..separability import GateConfig
+            from ..gate.separability import GateConfig
 
             GateConfig.load(args.gate)
         except (OSError, ValueError, TypeError) as exc:
@@ -111,13 +111,13 @@ def _batch_tokens(value: str) -> int | str | None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ..agent import LoopOptions
+    from ..agents.loop import LoopOptions
     from ..benchmarks import load_benchmark, run_benchmark
     from ..benchmarks.datasets import count_benchmark
     from ..benchmarks.runner import RunLocked
-    from ..graph import create_speceyes_graph
-    from ..options import SpeculationOptions
-    from ..separability import GateConfig
+    from ..gate.separability import GateConfig
+    from ..graph.build import create_speceyes_graph
+    from ..graph.options import SpeculationOptions
 
     specs = args.specs
     gate = (
@@ -156,7 +156,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings["gate"] = gate
     online = None
     if args.max_risk is not None:  # the online gate, starting from this gate
-        from ..online_gate import OnlineGate
+        from ..gate.online import OnlineGate
 
         online = settings["gate"] = OnlineGate(
             args.max_risk, args.shadow_rate, config=gate, warmup=args.gate_warmup

@@ -22,7 +22,7 @@ def _recorded_aggregation(records: list[dict]) -> str | None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from ..benchmarks.runner import read_records
-    from ..calibration import calibrate
+    from ..gate.calibration import calibrate
 
     records = read_records(args.dir)
     if not records:
@@ -95,7 +95,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _calibrate_unlabelled(args: argparse.Namespace, records: list[dict]) -> int:
-    from ..label_free import NotBimodal, calibrate_unlabelled
+    from ..gate.label_free import NotBimodal, calibrate_unlabelled
 
     aggregation = args.aggregations.split(",")[0]
     try:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 def _placeholder_graph(mode: Mode, tools: str):
     """A graph with scripted models, for drawing only (drawing needs no weights)."""
     from ..demo.example import make_example_models
-    from ..graph import create_speceyes_graph
+    from ..graph.build import create_speceyes_graph
 
     judge, speculator, agent = make_example_models()
     return create_speceyes_graph(  # only the models the mode uses, so only its nodes are drawn
@@ -27,7 +27,7 @@ def _placeholder_graph(mode: Mode, tools: str):
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    from ..drawing import draw
+    from ..graph.drawing import draw
 
     out = draw(_placeholder_graph(args.mode, args.tools), args.format)
     if args.output:

@@ -1,5 +1,5 @@
 """``speceyes replay-online``: run folders replayed as one production stream through the
-online gate (:mod:`speceyes_graph.online_gate`)."""
+online gate (:mod:`speceyes_graph.gate.online`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 def cmd_replay_online(args: argparse.Namespace) -> int:
     from ..benchmarks.online_replay import replay, stream_from_records, summarise
     from ..benchmarks.runner import read_records
-    from ..online_gate import BudgetShadows, OnlineGate
+    from ..gate.online import BudgetShadows, OnlineGate
 
     runs = []
     for folder in args.runs:

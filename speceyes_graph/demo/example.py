@@ -22,7 +22,7 @@ import numpy as np
 from langchain_core.messages import AIMessage, BaseMessage
 from PIL import Image, ImageDraw
 
-from ..graph import create_speceyes_graph
+from ..graph.build import create_speceyes_graph
 from ..models.scripted import ScriptedChatModel, fake_logprobs
 from ..state import SpecEyesInput
 

@@ -20,15 +20,15 @@ from typing import Any, cast
 import numpy as np
 from PIL import Image
 
-from ..agent import LoopOptions
+from ..agents.loop import LoopOptions
 from ..benchmarks.datasets import BenchQuery
 from ..benchmarks.report import build_report, write_report
 from ..benchmarks.runner import read_records, run_benchmark
-from ..drawing import draw
-from ..graph import create_speceyes_graph
-from ..online_gate import OnlineGate, read_evidence
-from ..options import SpeculationOptions
-from ..separability import GateConfig
+from ..gate.online import OnlineGate, read_evidence
+from ..gate.separability import GateConfig
+from ..graph.build import create_speceyes_graph
+from ..graph.drawing import draw
+from ..graph.options import SpeculationOptions
 from ..state import Mode
 from .annotated import write_examples
 from .engines import EngineName, demo_engine, local_models

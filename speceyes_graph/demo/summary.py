@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..benchmarks.report import DEFINITIONS, build_report
-from ..separability import DEFAULT_ALPHA
+from ..gate.separability import DEFAULT_ALPHA
 
 __all__ = [
     "LABELS",

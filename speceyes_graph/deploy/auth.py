@@ -1,10 +1,10 @@
 """No client of a LangGraph server reads or writes the online gate's state.
 
 The online gate keeps its labels in the server's store so that every worker shares one gate
-(:class:`~speceyes_graph.online_gate.OnlineGate`). The server's store API
+(:class:`~speceyes_graph.gate.online.OnlineGate`). The server's store API
 (``client.store.put_item``, ``search_items``, ``delete_item``) reaches the same store, so
 without a rule anyone who can reach the server could read the labels, or write, rewrite and
-delete them. The gate's own signatures (:mod:`speceyes_graph.gate_keys`) make fabricated and
+delete them. The gate's own signatures (:mod:`speceyes_graph.gate.keys`) make fabricated and
 rewritten entries count for nothing; this rule also stops deletions and reads, which a
 signature cannot. Graph nodes reach the store directly (``runtime.store``), not through the
 API, so the gate itself is not affected.

@@ -4,11 +4,11 @@
 - ``speceyes_chat``: the same models behind a chat front (Studio's chat view, chat UIs);
 - ``speceyes_example``: the offline example's scripted models, for a look at the workflow;
 - ``speceyes_agent``: LangChain's ``create_agent`` over the large model and the tools, with
-  :class:`~speceyes_graph.middleware.SpecEyesMiddleware` in front (what SpecEyes looks like
+  :class:`~speceyes_graph.integrations.middleware.SpecEyesMiddleware` in front (what SpecEyes looks like
   in front of an agent you already have): a chat whose turns are judged, drafted and gated,
   the rest answered by the agent with native tool calls;
 - ``speceyes_online``: ``speceyes`` with the online gate
-  (:class:`~speceyes_graph.online_gate.OnlineGate`): tau follows the labels production gives
+  (:class:`~speceyes_graph.gate.online.OnlineGate`): tau follows the labels production gives
   so the risk stays at ``SPECEYES_MAX_RISK`` (0.02), shadow-verifying ``SPECEYES_SHADOW_RATE``
   (the gate's default) of accepted drafts; its observations live in the server's store
   (Aegra's and LangGraph Platform's PostgreSQL, ``langgraph dev``'s own), so every worker and
@@ -53,10 +53,10 @@ import functools
 import os
 from typing import Any
 
-from speceyes_graph.compose import create_speceyes_chat_graph
+from speceyes_graph.gate.online import OnlineGate, read_evidence
+from speceyes_graph.gate.separability import GateConfig
 from speceyes_graph.graph import create_speceyes_graph
-from speceyes_graph.online_gate import OnlineGate, read_evidence
-from speceyes_graph.separability import GateConfig
+from speceyes_graph.integrations.compose import create_speceyes_chat_graph
 from speceyes_tools.blobs import blobs_from_url
 from speceyes_tools.images import ImagePolicy, ImageStore
 
@@ -207,14 +207,14 @@ def make_online_graph():
 
 def make_agent_graph(models: dict[str, Any] | None = None, store: ImageStore | None = None):
     """LangChain's ``create_agent`` over the served large model and tools (native tool
-    calls), with :class:`~speceyes_graph.middleware.SpecEyesMiddleware` in front: the
+    calls), with :class:`~speceyes_graph.integrations.middleware.SpecEyesMiddleware` in front: the
     judge, the draft and the gate as the plain graph has them."""
     from langchain.agents import create_agent
 
-    from speceyes_graph.agent import agent_system_prompt
-    from speceyes_graph.middleware import SpecEyesMiddleware, pixel_free_agent
+    from speceyes_graph.agents.loop import agent_system_prompt
+    from speceyes_graph.agents.toolsets import build_tools, load_toolset
+    from speceyes_graph.integrations.middleware import SpecEyesMiddleware, pixel_free_agent
     from speceyes_graph.prompts import Prompts
-    from speceyes_graph.toolsets import build_tools, load_toolset
     from speceyes_tools.images import ResizeSpec
 
     models = served_models() if models is None else models

@@ -64,18 +64,18 @@ from typing_extensions import NotRequired, TypedDict
 from speceyes_tools.deadlines import deadline_scope, to_worker_thread
 from speceyes_tools.images import ImageStore, default_store, store_scope
 
-from . import phases
+from .. import phases
+from ..effects import Blocking, Steps, arun_steps, run_steps
+from ..gate.online import OnlineGate
+from ..gate.online_steps import OnlineSteps
+from ..gate.separability import GateConfig
+from ..messages import dehydrate, readable_images, wire_messages
+from ..prompts import Prompts
+from ..protocol import extract_answer, message_text
+from ..query import read_query
+from ..settings import Limits
+from ..state import Draft, Route, RunInput
 from .draft_reply import areplay, replay
-from .effects import Blocking, Steps, arun_steps, run_steps
-from .messages import dehydrate, readable_images, wire_messages
-from .online_gate import OnlineGate
-from .online_steps import OnlineSteps
-from .prompts import Prompts
-from .protocol import extract_answer, message_text
-from .query import read_query
-from .separability import GateConfig
-from .settings import Limits
-from .state import Draft, Route, RunInput
 from .store_reading import StoreReadingChatModel
 from .turns import chat_query, pasted_images_kept
 
@@ -236,9 +236,9 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
             (``ChatTransformersVLM(top_logprobs=K)``, ``ChatOpenAI(logprobs=True,
             top_logprobs=K)``).
         judge: the model of phase I; default: the agent's own model (the paper's setup).
-        gate: a :class:`~speceyes_graph.separability.GateConfig` (default: the published
+        gate: a :class:`~speceyes_graph.gate.separability.GateConfig` (default: the published
             tau 0.98, K 64, ``min``), a gate file from ``speceyes calibrate``, or an
-            :class:`~speceyes_graph.online_gate.OnlineGate`: a rejected draft is labelled by
+            :class:`~speceyes_graph.gate.online.OnlineGate`: a rejected draft is labelled by
             the agent's answer, a shadowed share of accepted ones by ``shadow``.
         prompts: the judge's and the draft's prompts (default: the published ones).
         judge_max_tokens: the judge's generation length (the published 10).
@@ -382,7 +382,9 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         meta = {"route": "speculative", "score": draft.get("score")}
         meta["tau"] = draft.get("tau", self.gate.tau)
         reply = AIMessage(
-            content=draft["text"], id=f"speceyes-{uuid.uuid4()}", response_metadata={"speceyes": meta}
+            content=draft["text"],
+            id=f"speceyes-{uuid.uuid4()}",
+            response_metadata={"speceyes": meta},
         )
         return _Outcome(record, reply, draft.get("tokens"))
 
@@ -415,9 +417,7 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         turn_id = request.messages[-1].id
         return turn_id, self._turns.get(turn_id) if turn_id else None
 
-    def _remember(
-        self, turn_id: str | None, outcome: _Outcome
-    ) -> _Outcome:
+    def _remember(self, turn_id: str | None, outcome: _Outcome) -> _Outcome:
         if turn_id:
             _keep(self._turns, turn_id, outcome)
         return outcome

@@ -27,7 +27,7 @@ from pydantic import ConfigDict
 from speceyes_tools.deadlines import to_worker_thread
 from speceyes_tools.images import ImageStore, store_scope
 
-from .messages import wire_messages
+from ..messages import wire_messages
 
 __all__ = ["StoreReadingChatModel"]
 

@@ -53,9 +53,9 @@ from speceyes_tools.deadlines import (
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store, store_scope
 from speceyes_tools.python_tool import sandbox_image_path
 
-from .effects import Blocking, ModelCall, Steps, node, router
-from .messages import Protocol, bare_model, dehydrate, for_model, to_wire, user_message
-from .prompts import (
+from ..effects import Blocking, ModelCall, Steps, node, router
+from ..messages import Protocol, bare_model, dehydrate, for_model, to_wire, user_message
+from ..prompts import (
     NATIVE_AGENT_SYSTEM_PROMPT,
     THYME_STOP,
     THYME_SYSTEM_PROMPT,
@@ -63,8 +63,8 @@ from .prompts import (
     thyme_user_prompt,
     tools_system_prompt,
 )
-from .protocol import extract_answer, message_text, parse_deepeyes, parse_thyme
-from .state import AgentStep, Draft, merge_timings
+from ..protocol import extract_answer, message_text, parse_deepeyes, parse_thyme
+from ..state import AgentStep, Draft, merge_timings
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -117,9 +117,7 @@ _AUTO_PROTOCOL: dict[tuple[str, ...], Protocol] = {
 }
 
 
-def resolve_protocol(
-    protocol: Protocol | Literal["auto"], tools: Sequence[BaseTool]
-) -> Protocol:
+def resolve_protocol(protocol: Protocol | Literal["auto"], tools: Sequence[BaseTool]) -> Protocol:
     """The protocol ``auto`` stands for with these tools: the text protocol their one tool
     was trained with (DeepEyes' ``image_zoom_in_tool``, Thyme's ``python_sandbox``), else
     native tool calls."""

@@ -1,7 +1,7 @@
 """Putting SpecEyes inside other things: a chat graph and a tool for other agents.
 
 - :func:`create_speceyes_chat_graph`: messages in, the answer appended as an ``AIMessage``
-  out. The last human message is the query (:func:`~speceyes_graph.turns.chat_query`): its
+  out. The last human message is the query (:func:`~speceyes_graph.integrations.turns.chat_query`): its
   text is the question, an ``Options:`` line in it starts the multiple-choice options, and
   its image blocks (pasted images, URLs) are the images; a follow-up without an image asks
   about the latest image of the conversation. Works in LangGraph Studio's chat view and with any chat UI
@@ -35,10 +35,10 @@ from typing_extensions import TypedDict
 
 from speceyes_tools.images import ImageStore, default_store
 
-from .effects import Blocking, Steps, Subgraph, arun_steps, node, run_steps
-from .graph import create_speceyes_graph
-from .messages import dehydrate
-from .state import AgentStep, Draft, PixelFreeGraph, Route, SpecEyesContext
+from ..effects import Blocking, Steps, Subgraph, arun_steps, node, run_steps
+from ..graph.build import create_speceyes_graph
+from ..messages import dehydrate
+from ..state import AgentStep, Draft, PixelFreeGraph, Route, SpecEyesContext
 from .turns import chat_query, pasted_images_kept, split_options
 
 __all__ = [

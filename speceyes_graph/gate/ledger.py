@@ -14,7 +14,7 @@ under a key of its own (the run's id), so
 
 **A shared store is input from anyone who can reach the server.** So :class:`StoreLedger`
 counts only entries it can trust: each is signed by the deployment's key
-(:mod:`speceyes_graph.gate_keys`) and checked field by field (:func:`read_entry`: types,
+(:mod:`speceyes_graph.gate.keys`) and checked field by field (:func:`read_entry`: types,
 finite numbers, a score in [0, 1], a time not in the future, booleans as booleans); anything
 else in the namespace is skipped and counted by reason, and never stops a read. Each read
 takes the whole namespace (it stays about a window long: entries that fell out of the
@@ -24,7 +24,7 @@ verified before are not verified again while unchanged (the store's ``updated_at
 
 **Health.** A ledger that cannot write, cannot read, or has not read for ``stale_s`` says
 so (:meth:`StoreLedger.trouble`); the gate then tightens (see
-:class:`~speceyes_graph.online_gate.OnlineGate`) rather than keep a tau it can no longer
+:class:`~speceyes_graph.gate.online.OnlineGate`) rather than keep a tau it can no longer
 justify.
 """
 
@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 from langgraph.store.base import BaseStore
 
-from .gate_keys import GateKeys
+from .keys import GateKeys
 
 __all__ = [
     "GateLedger",
@@ -72,7 +72,7 @@ class Observation:
 
 
 class GateLedger(Protocol):
-    """What an :class:`~speceyes_graph.online_gate.OnlineGate` needs of its storage."""
+    """What an :class:`~speceyes_graph.gate.online.OnlineGate` needs of its storage."""
 
     shared: bool  # other processes write to it too (then ``sync`` reads their writes)
     skipped: Mapping[str, int]  # entries the last read skipped, by reason

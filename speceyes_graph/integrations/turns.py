@@ -1,8 +1,8 @@
 """A chat turn read as a SpecEyes query: question, options and images from messages.
 
-The chat graph (:func:`~speceyes_graph.compose.create_speceyes_chat_graph`) and the
+The chat graph (:func:`~speceyes_graph.integrations.compose.create_speceyes_chat_graph`) and the
 middleware in front of a LangChain agent
-(:class:`~speceyes_graph.middleware.SpecEyesMiddleware`) both take their query from the last
+(:class:`~speceyes_graph.integrations.middleware.SpecEyesMiddleware`) both take their query from the last
 human message of a conversation: its text is the question, an ``Options:`` line in it starts
 the multiple-choice options (:func:`split_options`), and its image blocks (pasted images,
 URLs, the image store's ``blob://`` keys) are the images; a follow-up without an image asks
@@ -19,9 +19,9 @@ from langchain_core.messages import BaseMessage, HumanMessage, convert_to_messag
 
 from speceyes_tools.images import ImageStore
 
-from .messages import dehydrate, image_ref
-from .protocol import message_text
-from .state import on_event_loop
+from ..messages import dehydrate, image_ref
+from ..protocol import message_text
+from ..state import on_event_loop
 
 __all__ = [
     "chat_query",

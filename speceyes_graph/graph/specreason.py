@@ -32,13 +32,13 @@ from langchain_core.tools import BaseTool
 from speceyes_tools.deadlines import DeadlineExceeded, deadline_scope
 from speceyes_tools.images import ImageStore, store_scope
 
-from . import phases
-from .agent import agent_system_prompt, emit_event, first_user_message, tool_trace
-from .effects import Blocking, Steps
-from .messages import Protocol, bare_model, dehydrate
-from .prompts import THYME_STOP, Prompts
-from .protocol import extract_answer, message_text, parse_deepeyes, parse_thyme
-from .state import SpecEyesState
+from .. import phases
+from ..agents.loop import agent_system_prompt, emit_event, first_user_message, tool_trace
+from ..effects import Blocking, Steps
+from ..messages import Protocol, bare_model, dehydrate
+from ..prompts import THYME_STOP, Prompts
+from ..protocol import extract_answer, message_text, parse_deepeyes, parse_thyme
+from ..state import SpecEyesState
 
 if TYPE_CHECKING:
     from .nodes import NodeKit

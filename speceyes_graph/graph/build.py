@@ -5,13 +5,13 @@ and starts the run clean; the large model judges whether tools are needed; tool-
 get a draft from the small model; the draft is kept when its answer separability clears tau;
 everything else runs the agent. With depth-D speculation a query the judge sends to the
 tools first runs the small model's own tool loop (``speculate_tools``;
-:mod:`speceyes_graph.tool_speculation`) and reaches the agent only when that answer fails
+:mod:`speceyes_graph.graph.tool_speculation`) and reaches the agent only when that answer fails
 its gate.
 
 This module is the wiring. The phases are :mod:`speceyes_graph.phases`, the nodes that run
-them on a query :mod:`speceyes_graph.nodes`, the agent fallback (the built-in loop, or any
-agent that speaks messages) :mod:`speceyes_graph.fallback`, and the options and their
-defaults :mod:`speceyes_graph.options`.
+them on a query :mod:`speceyes_graph.graph.nodes`, the agent fallback (the built-in loop, or any
+agent that speaks messages) :mod:`speceyes_graph.graph.fallback`, and the options and their
+defaults :mod:`speceyes_graph.graph.options`.
 
 Every node has a synchronous and an asynchronous implementation from one body
 (:mod:`speceyes_graph.effects`): under ``ainvoke``/``abatch``/``astream`` and in the LangGraph
@@ -39,8 +39,26 @@ from typing_extensions import Unpack
 
 from speceyes_tools.images import ImageStore, ResizeSpec
 
-from .agent import LoopOptions
-from .effects import node, router
+from ..agents.loop import LoopOptions
+from ..effects import node, router
+from ..gate.online import OnlineGate
+from ..gate.online_steps import OnlineSteps
+from ..gate.separability import GateConfig
+from ..phases import score_draft
+from ..prompts import Prompts
+from ..protocol import parse_judge
+from ..settings import Limits, OnError
+from ..state import (
+    Mode,
+    PixelFreeGraph,
+    RunInput,
+    SpecEyesContext,
+    SpecEyesInput,
+    SpecEyesOutput,
+    SpecEyesState,
+    pixel_free,
+    pixel_free_input,
+)
 from .fallback import AgentFallback, agent_loop_node
 from .nodes import (
     NodeKit,
@@ -53,8 +71,6 @@ from .nodes import (
     judge_node,
     speculate_node,
 )
-from .online_gate import OnlineGate
-from .online_steps import OnlineSteps
 from .options import (
     THYME_TAU,
     LegacyOptions,
@@ -64,23 +80,7 @@ from .options import (
     resolve_setup,
 )
 from .parallel_drafts import StartedDrafts
-from .phases import score_draft
-from .prompts import Prompts
-from .protocol import parse_judge
-from .separability import GateConfig
-from .settings import Limits, OnError
 from .specreason import specreason_node
-from .state import (
-    Mode,
-    PixelFreeGraph,
-    RunInput,
-    SpecEyesContext,
-    SpecEyesInput,
-    SpecEyesOutput,
-    SpecEyesState,
-    pixel_free,
-    pixel_free_input,
-)
 from .tool_speculation import after_tool_gate, small_loop, speculate_tools_node
 
 __all__ = [
@@ -128,28 +128,28 @@ def create_speceyes_graph(
             with ``tools``; or any agent that speaks messages (a ``create_agent(...)``
             result, a compiled ``StateGraph`` over ``messages``, a Runnable), which is sent
             the query as one human message and whose last message is the answer
-            (:mod:`speceyes_graph.fallback`).
+            (:mod:`speceyes_graph.graph.fallback`).
         judge: the model of phase I: a chat model, ``"agent"`` (the default: the agent's
             own model, the paper's setup) or ``"speculator"`` (the paper's ablation). An
             agent that is not a chat model cannot judge: give the large model here.
         tools: the built-in loop's tools: a built-in toolset name (``deepeyes``,
-            ``vision``), a TOML/YAML file, a :class:`~speceyes_graph.toolsets.Toolset`, or a
+            ``vision``), a TOML/YAML file, a :class:`~speceyes_graph.agents.toolsets.Toolset`, or a
             list of LangChain tools.
         mode: the default mode: ``speceyes``; ``agent`` (baseline, every query to the
             agent); ``small`` (draft only, never falls back; the gate score is still
             recorded); ``specreason``. A run may pick another mode (context ``mode``) if the
             graph has its models.
-        gate: phase III: a :class:`~speceyes_graph.separability.GateConfig` (defaults: tau
+        gate: phase III: a :class:`~speceyes_graph.gate.separability.GateConfig` (defaults: tau
             0.98, or Thyme's 0.95; K 64, ``min``), the path of a gate file from ``speceyes
-            calibrate``, or an :class:`~speceyes_graph.online_gate.OnlineGate`, which moves
+            calibrate``, or an :class:`~speceyes_graph.gate.online.OnlineGate`, which moves
             tau with the labels production gives so the risk stays at its target. Per run:
             context ``tau``, ``k``, ``aggregation``.
         speculation: phases I and II and depth-D speculation:
-            :class:`~speceyes_graph.options.SpeculationOptions` (when the draft starts,
+            :class:`~speceyes_graph.graph.options.SpeculationOptions` (when the draft starts,
             generation lengths, the small model's frame, the small model's own tool loop),
             or just when the draft starts: ``"after_judge"`` (the paper's funnel) or
             ``"parallel"``.
-        loop: phase IV, the built-in agent loop: :class:`~speceyes_graph.agent.LoopOptions`
+        loop: phase IV, the built-in agent loop: :class:`~speceyes_graph.agents.loop.LoopOptions`
             (protocol, ``max_steps``, the text protocol's options).
         prompts: the phases' and the loop's prompts (default: the published ones; Thyme's
             for the Thyme protocol).
@@ -162,7 +162,7 @@ def create_speceyes_graph(
         on_error: ``record`` (a failed query returns with ``error`` set: right for batches)
             or ``raise`` (the run fails with :class:`SpecEyesError`: right for servers).
         **legacy: the keywords of earlier releases, still accepted
-            (:class:`~speceyes_graph.options.LegacyOptions` says where each now lives):
+            (:class:`~speceyes_graph.graph.options.LegacyOptions` says where each now lives):
             ``max_agent_steps``, ``protocol``, ``speculator_as_judge``,
             ``judge_max_tokens``, ``draft_max_tokens``, ``speculator_resize``,
             ``speculation_depth``, ``speculator_tools``, ``speculator_prompts``,

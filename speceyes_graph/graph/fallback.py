@@ -1,6 +1,6 @@
 """Phase IV in the graph: the agent that answers what speculation did not.
 
-The fallback is either the built-in agent loop (:func:`~speceyes_graph.agent.create_agent_loop`:
+The fallback is either the built-in agent loop (:func:`~speceyes_graph.agents.loop.create_agent_loop`:
 DeepEyes' text protocol, Thyme's code, or native tool calls, with its step bound and its
 trace), or **any agent that speaks messages**: a ``langchain.agents.create_agent(...)``
 result, a user's own ``StateGraph`` over ``messages``, any Runnable taking
@@ -31,18 +31,18 @@ from speceyes_tools.codec import sniff_mime
 from speceyes_tools.deadlines import DeadlineExceeded, check_deadline, deadline_scope
 from speceyes_tools.images import ImageStore
 
-from .agent import (
+from ..agents.loop import (
     AgentLoopInput,
     attach_tool_results,
     create_agent_loop,
     recursion_limit,
 )
-from .effects import Blocking, Steps, Subgraph, run_steps
-from .messages import dehydrate
+from ..effects import Blocking, Steps, Subgraph, run_steps
+from ..gate.online_steps import OnlineSteps
+from ..messages import dehydrate
+from ..protocol import extract_answer, message_text
+from ..state import AgentStep, Draft, SpecEyesState
 from .nodes import NodeKit, SpecEyesError
-from .online_steps import OnlineSteps
-from .protocol import extract_answer, message_text
-from .state import AgentStep, Draft, SpecEyesState
 
 __all__ = ["AgentFallback", "agent_loop_node", "steps_of"]
 

@@ -2,9 +2,9 @@
 decision at the gate, and the labels that come back (from the agent's answer after a
 rejection, or from a shadow run after an acceptance).
 
-:mod:`speceyes_graph.nodes` and :mod:`speceyes_graph.fallback` call these from the graph's
+:mod:`speceyes_graph.graph.nodes` and :mod:`speceyes_graph.graph.fallback` call these from the graph's
 nodes when it was built with ``gate=OnlineGate(...)``, and
-:class:`~speceyes_graph.middleware.SpecEyesMiddleware` from an agent's. Each is a generator of :mod:`~speceyes_graph.effects` requests, so
+:class:`~speceyes_graph.integrations.middleware.SpecEyesMiddleware` from an agent's. Each is a generator of :mod:`~speceyes_graph.effects` requests, so
 the store's I/O runs in a worker thread under ``ainvoke``/the server and in place under
 ``invoke``. A label is never allowed to fail its query: a failed write is logged and the
 query's answer stands (the gate has one observation fewer).
@@ -21,10 +21,10 @@ from typing import Any
 
 from langgraph.store.base import BaseStore
 
-from .answers import answers_agree
-from .effects import Blocking, Steps
-from .online_gate import GateDecision, OnlineGate
-from .state import Draft
+from ..answers import answers_agree
+from ..effects import Blocking, Steps
+from ..state import Draft
+from .online import GateDecision, OnlineGate
 
 __all__ = ["OnlineSteps"]
 

@@ -8,7 +8,7 @@ each workload (the published 0.98: 1.2% of HR-Bench 4K queries, 4.4% of V*'s).
 **Labels.** Every rejected draft is followed by the agent, so whether it agreed is known.
 An accepted draft's answer goes to the user; it is *shadow-verified* (the agent runs on it
 off the user's path) with a chance its shadow policy gives it before the coin is drawn
-(:mod:`~speceyes_graph.shadowing`: flat by default, or spending a budget of shadow runs per
+(:mod:`~speceyes_graph.gate.shadowing`: flat by default, or spending a budget of shadow runs per
 query), and the chance stays with the draft. Scores are known for every draft, labelled or
 not. So for any candidate tau ``t`` the queries of a window whose draft scores above ``t``
 split into those the gate rejected when they came (disagreements counted exactly) and
@@ -17,7 +17,7 @@ estimated group by group from their shadowed members, a uniform sample of the gr
 estimate is unbiased whatever taus the gate used while the window filled.
 
 **Choosing tau.** From the strictest candidate down (fixed-sequence testing, as in
-:mod:`~speceyes_graph.calibration`'s Learn-then-Test) tau is the most permissive ``t`` whose
+:mod:`~speceyes_graph.gate.calibration`'s Learn-then-Test) tau is the most permissive ``t`` whose
 estimated window risk is at most ``max_risk`` and whose exact upper bound (Clopper-Pearson
 per group at level ``delta``, split over the policy's chances) is at most ``tolerance *
 max_risk``. With no evidence it starts at 1.0 and accepts nothing for its warm-up
@@ -44,12 +44,12 @@ in the query's ``draft``. A rejected draft is labelled by the agent's answer
 agent loop in :class:`ShadowRuns` (bounded threads and queue, off the user's path: the
 answer has already returned); a query the judge sent to the tools counts in the window
 without a draft. Where observations live is the gate's ledger
-(:mod:`speceyes_graph.ledger`): this process's memory, or the run's LangGraph store, which
+(:mod:`speceyes_graph.gate.ledger`): this process's memory, or the run's LangGraph store, which
 every worker of a deployment shares.
 
 **It trusts only what it wrote, and fails safe.** A shared store is reachable by anyone who
 can reach the server's API, so the gate counts only entries signed with the deployment's key
-(``SPECEYES_GATE_KEY``, :mod:`speceyes_graph.gate_keys`) and valid field by field; without a
+(``SPECEYES_GATE_KEY``, :mod:`speceyes_graph.gate.keys`) and valid field by field; without a
 key it refuses the store and keeps its evidence in this process. When it cannot write or
 read the fleet's labels, or has not read them for a while, its tau is at least
 ``outage_tau`` (its start tau by default) until it can again; evidence older than
@@ -75,7 +75,7 @@ from typing import Any, Literal
 import numpy as np
 from langgraph.store.base import BaseStore
 
-from .gate_keys import GateKeys, MissingGateKey
+from .keys import GateKeys, MissingGateKey
 from .ledger import MIN_CHANCE, GateLedger, MemoryLedger, Observation, StoreLedger
 from .separability import GateConfig, acceptance_score
 from .shadowing import BudgetShadows, FlatShadows, ShadowPolicy, ShadowRuns, shadow_policy
@@ -192,7 +192,7 @@ class OnlineGate:
         max_risk: the target: at most this share of queries answered by an accepted draft
             that disagrees with the agent, as the window estimates it.
         shadow_rate: which accepted drafts the agent verifies off the user's path: a
-            :class:`~speceyes_graph.shadowing.ShadowPolicy`, or a number for a flat chance
+            :class:`~speceyes_graph.gate.shadowing.ShadowPolicy`, or a number for a flat chance
             (default :data:`DEFAULT_SHADOWS`).
         tolerance: the window's exact bound (at level ``delta``) must stay at or below
             ``tolerance * max_risk`` too.
@@ -202,7 +202,7 @@ class OnlineGate:
             the label-free estimate of ``speceyes calibrate --unlabelled``), else 1.0: no
             draft is accepted until the window (or ``evidence``) certifies a tau.
         config: the score it gates (K, aggregation, alpha) and its starting tau: a
-            :class:`~speceyes_graph.separability.GateConfig` or a gate file's path (whose
+            :class:`~speceyes_graph.gate.separability.GateConfig` or a gate file's path (whose
             labelled ``evidence``, when it keeps some, seeds the window).
         evidence: labelled queries to start from, (separability or None, disagrees) each
             (:func:`read_evidence`): they fill the window until live traffic replaces them.

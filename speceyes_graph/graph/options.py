@@ -4,10 +4,10 @@
 
 - the models: ``speculator``, ``agent`` (a chat model, for the built-in loop, or any agent
   that speaks messages), ``judge`` (a chat model, ``"agent"`` or ``"speculator"``);
-- ``gate``: phase III (:class:`~speceyes_graph.separability.GateConfig`, an
-  :class:`~speceyes_graph.online_gate.OnlineGate`, or a gate file);
+- ``gate``: phase III (:class:`~speceyes_graph.gate.separability.GateConfig`, an
+  :class:`~speceyes_graph.gate.online.OnlineGate`, or a gate file);
 - ``speculation``: phases I and II and depth-D speculation (:class:`SpeculationOptions`);
-- ``loop``: phase IV, the agent loop (:class:`~speceyes_graph.agent.LoopOptions`);
+- ``loop``: phase IV, the agent loop (:class:`~speceyes_graph.agents.loop.LoopOptions`);
 - ``limits``: deadlines, sizes, per-run ceilings (:class:`~speceyes_graph.settings.Limits`);
 - ``tools``, ``prompts``, ``resize``, ``store``, ``mode``, ``on_error``.
 
@@ -33,15 +33,15 @@ from typing_extensions import TypedDict
 
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store
 
-from .agent import LoopOptions, default_max_steps, resolve_protocol
-from .messages import Protocol, bare_model
-from .online_gate import OnlineGate
-from .phases import DRAFT_MAX_TOKENS, JUDGE_MAX_TOKENS
-from .prompts import Prompts
-from .separability import GateConfig
-from .settings import Limits, OnError, RunSettings
-from .state import Mode
-from .toolsets import Toolset, build_tools, load_toolset
+from ..agents.loop import LoopOptions, default_max_steps, resolve_protocol
+from ..agents.toolsets import Toolset, build_tools, load_toolset
+from ..gate.online import OnlineGate
+from ..gate.separability import GateConfig
+from ..messages import Protocol, bare_model
+from ..phases import DRAFT_MAX_TOKENS, JUDGE_MAX_TOKENS
+from ..prompts import Prompts
+from ..settings import Limits, OnError, RunSettings
+from ..state import Mode
 
 __all__ = [
     "THYME_TAU",
@@ -65,13 +65,13 @@ class SpeculationOptions:
 
     ``start``: ``after_judge`` (the paper's funnel: a draft only for queries judged
     tool-free) or ``parallel`` (the draft starts beside the judge; see
-    :mod:`speceyes_graph.nodes`). ``judge_max_tokens`` / ``draft_max_tokens``: generation
+    :mod:`speceyes_graph.graph.nodes`). ``judge_max_tokens`` / ``draft_max_tokens``: generation
     lengths, the published 10 and 20 (None: the model's own setting). ``resize``: the small
     model's image frame (default: its own ``resize_spec``, else the agent's frame).
 
     ``depth`` D > 0: a query the judge sends to the tools first runs the small model's own
     tool loop, at most D tool steps, gated with ``gate.tau_depth``
-    (:mod:`speceyes_graph.tool_speculation`); per run: context ``speculation_depth``.
+    (:mod:`speceyes_graph.graph.tool_speculation`); per run: context ``speculation_depth``.
     That loop's ``tools`` (default: the agent's toolset in the small model's frame, or the
     same list), ``prompts`` (default: the agent's) and ``step_tokens`` (each turn's length;
     default: the agent model's ``max_tokens`` when it has one, else the small model's own).

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 if TYPE_CHECKING:
-    from .state import Draft
+    from ..state import Draft
 
 __all__ = [
     "DEFAULT_ALPHA",

@@ -2,8 +2,8 @@
 
 ``intake`` checks the query and starts the run clean; ``judge``, ``speculate`` and ``gate``
 run the phases of :mod:`speceyes_graph.phases` on the query; the routers name the edge each
-state takes. The agent fallback (phase IV) is :mod:`speceyes_graph.fallback`, depth-D
-speculation :mod:`speceyes_graph.tool_speculation`; :func:`~speceyes_graph.create_speceyes_graph`
+state takes. The agent fallback (phase IV) is :mod:`speceyes_graph.graph.fallback`, depth-D
+speculation :mod:`speceyes_graph.graph.tool_speculation`; :func:`~speceyes_graph.create_speceyes_graph`
 wires them.
 
 With ``speculation="parallel"`` the judge node starts the query's draft on the small model's
@@ -33,15 +33,15 @@ from langgraph.types import Overwrite
 
 from speceyes_tools.deadlines import DeadlineExceeded, deadline_scope, time_left
 
-from . import phases
-from .effects import Blocking, Collect, Steps
-from .messages import bare_model
-from .online_steps import OnlineSteps
+from .. import phases
+from ..effects import Blocking, Collect, Steps
+from ..gate.online_steps import OnlineSteps
+from ..messages import bare_model
+from ..query import read_query
+from ..settings import RunSettings, resolve_settings, run_overrides
+from ..state import Draft, Query, SpecEyesContext, SpecEyesState
 from .options import GraphSetup
 from .parallel_drafts import StartedDrafts
-from .query import read_query
-from .settings import RunSettings, resolve_settings, run_overrides
-from .state import Draft, Query, SpecEyesContext, SpecEyesState
 
 __all__ = [
     "NodeKit",

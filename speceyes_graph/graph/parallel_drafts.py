@@ -12,8 +12,8 @@ import uuid
 from collections import OrderedDict
 from concurrent.futures import Future
 
-from .effects import Background, Steps
-from .models.batching import CancelScope
+from ..effects import Background, Steps
+from ..models.batching import CancelScope
 
 __all__ = ["StartedDrafts"]
 

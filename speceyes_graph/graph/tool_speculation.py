@@ -33,12 +33,12 @@ from langgraph.graph.state import CompiledStateGraph
 
 from speceyes_tools.deadlines import check_deadline, deadline_scope
 
-from .agent import create_agent_loop, recursion_limit
-from .effects import Steps, Subgraph
+from ..agents.loop import create_agent_loop, recursion_limit
+from ..effects import Steps, Subgraph
+from ..gate.separability import GateConfig, answer_span
+from ..settings import RunSettings
+from ..state import AgentStep, Draft, SpecEyesState
 from .options import GraphSetup
-from .separability import GateConfig, answer_span
-from .settings import RunSettings
-from .state import AgentStep, Draft, SpecEyesState
 
 __all__ = [
     "after_tool_gate",
