@@ -69,7 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--max-risk", type=float, default=0.02)
-    parser.add_argument("--shadow-rate", type=float, help="a flat shadow chance (default: the gate's)")
+    parser.add_argument(
+        "--shadow-rate", type=float, help="a flat shadow chance (default: the gate's)"
+    )
+    parser.add_argument(
+        "--rolling",
+        type=float,
+        metavar="STEP",
+        help="also rolling risk control with this step (OnlineGate(rolling_step=STEP))",
+    )
     args = parser.parse_args(argv)
     print(
         f"online gate at its defaults, target {args.max_risk}, {args.seeds} seeds, "
@@ -79,17 +87,28 @@ def main(argv: list[str] | None = None) -> int:
         f"{'start':<6}{'scenario':<10}{'accept/hindsight':>18}{'risk/target':>14}"
         f"{'calls/query':>13}{'calls - hindsight fallbacks':>29}"
     )
-    for warm in (False, True):
-        t0 = time.perf_counter()
-        for name, f in figures(args.max_risk, args.seeds, warm, args.shadow_rate).items():
-            print(
-                f"{'warm' if warm else 'cold':<6}{name:<10}"
-                f"{f['ratio_min']:>10.2f} ({f['ratio_median']:.2f})"
-                f"{f['risk_max'] / args.max_risk:>7.2f} ({f['risk_mean'] / args.max_risk:.2f})"
-                f"{f['calls_max']:>13.2f}{f['calls_over_hindsight_max']:>29.2f}"
-            )
-        print(f"  ({time.perf_counter() - t0:.0f} s)")
+    rules: list[tuple[str, dict[str, Any]]] = [("window", {})]
+    if args.rolling:
+        rules.append((f"rolling, step {args.rolling:g}", {"rolling_step": args.rolling}))
+    for rule, gate in rules:
+        print(rule)
+        for warm in (False, True):
+            t0 = time.perf_counter()
+            for name, f in figures(
+                args.max_risk, args.seeds, warm, args.shadow_rate, **gate
+            ).items():
+                _print_row(warm, name, f, args.max_risk)
+            print(f"  ({time.perf_counter() - t0:.0f} s)")
     return 0
+
+
+def _print_row(warm: bool, name: str, f: dict[str, float], max_risk: float) -> None:
+    print(
+        f"{'warm' if warm else 'cold':<6}{name:<10}"
+        f"{f['ratio_min']:>10.2f} ({f['ratio_median']:.2f})"
+        f"{f['risk_max'] / max_risk:>7.2f} ({f['risk_mean'] / max_risk:.2f})"
+        f"{f['calls_max']:>13.2f}{f['calls_over_hindsight_max']:>29.2f}"
+    )
 
 
 if __name__ == "__main__":

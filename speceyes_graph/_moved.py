@@ -50,6 +50,7 @@ class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def __init__(self, package: str) -> None:
         self.package = package
+        self._specs: dict[str, importlib.machinery.ModuleSpec | None] = {}
 
     def new_name(self, fullname: str) -> str | None:
         head, _, tail = fullname.partition(".")
@@ -71,10 +72,14 @@ class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         warnings.warn(
             f"{spec.name} moved to {new}; import it from there", DeprecationWarning, stacklevel=2
         )
-        return importlib.import_module(new)
+        module = importlib.import_module(new)
+        self._specs[spec.name] = module.__spec__
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        """The module ran at its new path already."""
+        """The module ran at its new path already; importlib has just given it the old
+        path's spec, so put its own back (``importlib.reload`` and pickling read it)."""
+        module.__spec__ = self._specs.pop(module.__spec__.name if module.__spec__ else "", None)
 
 
 def install(package: str) -> None:

@@ -47,8 +47,6 @@ ONLINE_GATE = {
 }
 
 
-
-
 class AegraCluster:
     """``AegraCluster(folder, dsn).start(2)``: Redis, the schema, and N instances."""
 

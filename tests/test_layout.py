@@ -35,6 +35,20 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
     assert "1 kept, 0 broken" in done.stdout
 
 
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    """No cycles, type-only imports included (grimp, the graph import-linter reads)."""
+    import grimp
+
+    graph = grimp.build_graph("speceyes_graph", cache_dir=None)
+    circles = [
+        (a, b)
+        for a in graph.modules
+        for b in graph.find_modules_directly_imported_by(a)
+        if graph.chain_exists(importer=b, imported=a)
+    ]
+    assert not circles, circles
+
+
 def test_the_top_level_is_short_and_each_part_says_what_it_holds() -> None:
     modules = sorted(
         p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")
@@ -52,6 +66,7 @@ def test_an_old_path_still_imports_with_a_warning(old: str) -> None:
     with pytest.warns(DeprecationWarning, match=f"speceyes_graph.{MOVED[old]}"):
         moved = importlib.import_module(f"speceyes_graph.{old}")
     assert moved is new
+    assert moved.__spec__.name == new.__name__  # its own spec: reload and pickle find it
     # every public name it had is where it was
     for name in getattr(new, "__all__", []):
         assert getattr(moved, name) is getattr(new, name)

@@ -27,8 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is the color of the object?"
 
 
-
-
 def dev_server(tmp_path_factory, *args, **settings):
     """``langgraph dev`` on a free loopback port (extra command-line ``args``) with only
     ``settings`` of the SPECEYES_* environment; yields its URL and stops it (and everything

@@ -323,7 +323,7 @@ def test_studio_serves_thyme_with_its_published_defaults(monkeypatch, scene4k, t
     """SPECEYES_TOOLS=thyme: the served graph speaks Thyme, tau 0.95, 2048 tokens a step."""
     import importlib
 
-    from speceyes_graph import studio
+    from speceyes_graph.integrations import studio
 
     monkeypatch.setenv("SPECEYES_TOOLS", "thyme")
     monkeypatch.setenv("SPECEYES_SMALL_URL", "http://127.0.0.1:9/v1")

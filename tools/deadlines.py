@@ -12,6 +12,24 @@ the caller stops waiting when the time is up. The abandoned thread may run on, b
 has failed with a clear error and every other query carries on.
 :func:`acall_with_deadline` is the same for ``await``: no thread, and the awaited call is
 cancelled when the time is up.
+
+The module runs work on two thread pools, kept apart because their jobs pull opposite ways:
+
+- the *call threads* (:class:`_CallThreads`, ``_CALL_THREADS``; threads named
+  ``speceyes-call``) run calls that may hang and be abandoned: :func:`call_with_deadline`'s
+  bounded calls and :func:`start_in_background`'s work (a sync graph's steps beside a node).
+  Unbounded: every call gets an idle thread or a new one at once, never a queue, so no call
+  waits behind a hung one; a hung call just keeps its thread. At most 64 idle ones are kept.
+- the *offload pool* (:class:`_OldestFirstPool`, ``_OFFLOAD_POOL``; threads named
+  ``speceyes-worker``) runs the async path's blocking work through :func:`to_worker_thread`
+  (image decodes and resizes, request preparation, sync tools): this package's
+  ``asyncio.to_thread``. Bounded like asyncio's default executor (``min(32, CPUs + 4)``
+  workers, started on demand), with the queued work taken earliest query deadline first.
+
+One pool cannot do both: calls that hang would fill a bounded pool and stall every query,
+and an unbounded pool would start a thread per decode and run them in any order.
+(:func:`cpu_work` is no pool: a gate of CPU-count-minus-one slots that threads of either
+pool, or the caller's own, wait at before CPU-heavy work.)
 """
 
 from __future__ import annotations
@@ -60,11 +78,12 @@ _OUTERMOST: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 _Job = tuple[contextvars.Context, Callable[[], None]]
 
 
-class _Workers:
-    """Reusable daemon threads: a hung call keeps its thread, everyone else gets an idle one
-    or a new one (never blocked behind it), and a hung thread never holds up process exit.
-    Starting a thread costs about a millisecond here, which would double the graph's own
-    overhead per query."""
+class _CallThreads:
+    """The call threads (see the module docstring): reusable daemon threads for calls that
+    may hang. A hung call keeps its thread, everyone else gets an idle one or a new one (never
+    blocked behind it), and a hung thread never holds up process exit. Threads are reused,
+    not started per call, because starting one costs about a millisecond here, which would
+    double the graph's own overhead per query; at most ``max_idle`` idle ones are kept."""
 
     def __init__(self, max_idle: int = 64):
         self.max_idle = max_idle
@@ -91,7 +110,9 @@ class _Workers:
                 self._idle.append(inbox)
 
 
-_WORKERS = _Workers()
+# Pool 1, the call threads: calls that may hang (call_with_deadline, start_in_background).
+# Unbounded (a thread per concurrent call, never a queue); keeps at most 64 idle threads.
+_CALL_THREADS = _CallThreads()
 
 
 def start_in_background(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
@@ -110,7 +131,7 @@ def start_in_background(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Futu
         else:
             future.set_result(result)
 
-    _WORKERS.run(ctx, run)
+    _CALL_THREADS.run(ctx, run)
     return future
 
 
@@ -318,7 +339,8 @@ class EarliestDeadlineFirst:
 
 
 class _OldestFirstPool:
-    """A few worker threads that take queued work earliest query deadline first.
+    """The offload pool (see the module docstring): a few worker threads that take queued
+    blocking work earliest query deadline first; never given calls that may hang.
 
     ``asyncio.to_thread`` queues on the event loop's default executor, first come first
     served. Under ``graph.abatch`` of 64 queries that order is breadth-first: the 64 image
@@ -374,20 +396,23 @@ class _OldestFirstPool:
             ctx.run(job)
 
 
-_POOL: _OldestFirstPool | None = None
-_POOL_LOCK = threading.Lock()
+# Pool 2, the offload pool: the async path's blocking work (to_worker_thread), oldest query
+# first. Bounded: min(32, CPUs + 4) workers, as asyncio's default executor; made on first use.
+_OFFLOAD_POOL: _OldestFirstPool | None = None
+_OFFLOAD_POOL_LOCK = threading.Lock()
 
 
 async def to_worker_thread(fn: Callable[..., T], *args: Any) -> T:
-    """``asyncio.to_thread``, but the oldest query's work goes first (see
-    :class:`_OldestFirstPool`): as many workers as the default executor has, the context
-    (deadline, callbacks, tracing) carried as ``to_thread`` carries it."""
-    global _POOL
-    if _POOL is None:
-        with _POOL_LOCK:
-            if _POOL is None:
-                _POOL = _OldestFirstPool(min(32, (os.cpu_count() or 1) + 4))
-    return await asyncio.wrap_future(_POOL.submit(fn, *args))
+    """``asyncio.to_thread``, but on the offload pool, where the oldest query's work goes
+    first (see :class:`_OldestFirstPool`): as many workers as the default executor has, the
+    context (deadline, callbacks, tracing) carried as ``to_thread`` carries it. For blocking
+    work that ends; a call that may hang belongs in :func:`call_with_deadline`."""
+    global _OFFLOAD_POOL
+    if _OFFLOAD_POOL is None:
+        with _OFFLOAD_POOL_LOCK:
+            if _OFFLOAD_POOL is None:
+                _OFFLOAD_POOL = _OldestFirstPool(min(32, (os.cpu_count() or 1) + 4))
+    return await asyncio.wrap_future(_OFFLOAD_POOL.submit(fn, *args))
 
 
 _CPU_WORK: EarliestDeadlineFirst | None = None
@@ -397,9 +422,9 @@ _CPU_WORK_LOCK = threading.Lock()
 def _after_fork_in_child() -> None:
     """A forked child has none of its parent's threads: workers, idle inboxes and slots
     held by them would wait forever (servers that fork workers after importing the graph)."""
-    global _WORKERS, _POOL, _POOL_LOCK, _CPU_WORK, _CPU_WORK_LOCK
-    _WORKERS, _POOL, _CPU_WORK = _Workers(), None, None
-    _POOL_LOCK, _CPU_WORK_LOCK = threading.Lock(), threading.Lock()
+    global _CALL_THREADS, _OFFLOAD_POOL, _OFFLOAD_POOL_LOCK, _CPU_WORK, _CPU_WORK_LOCK
+    _CALL_THREADS, _OFFLOAD_POOL, _CPU_WORK = _CallThreads(), None, None
+    _OFFLOAD_POOL_LOCK, _CPU_WORK_LOCK = threading.Lock(), threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows

@@ -10,16 +10,19 @@ therefore stores a few dozen bytes per image.
 - :meth:`~ImageStore.intern` turns a caller's reference into a stable one under the store's
   :class:`~speceyes_tools.sources.ImagePolicy` (``data:`` and URLs are read once and kept
   as blobs; paths are checked and resolved);
-- :meth:`~ImageStore.get` decodes once and keeps the RGB array in an LRU bounded by bytes,
-  keyed by content (blob keys) or by (path, size, mtime) for files, so a file rewritten
-  under the same name is read again; every image is checked against a pixel cap before it
-  is decoded, and decodes wait for a memory budget (priced from the header by
-  :func:`~speceyes_tools.codec.read_header`, before any pixel is allocated), so a batch of
-  huge images cannot exhaust memory; the decode itself (:mod:`speceyes_tools.codec`) is the
-  one rule every path shares: first frame, upright, 8-bit RGB;
+- :meth:`~ImageStore.get` names the image by content (blob keys) or by (path, size, mtime)
+  for files, so a file rewritten under the same name is read again, and hands the key to
+  its :class:`~speceyes_tools.decode_cache.DecodeCache`, which decodes once, keeps arrays in
+  an LRU bounded by bytes and meters decodes against a pixel cap and a memory budget; the
+  decode itself (:mod:`speceyes_tools.codec`) is the one rule every path shares: first
+  frame, upright, 8-bit RGB;
 - :meth:`~ImageStore.model_view` gives the blob key of the image as a model sees it (smart
   resize), which messages in state carry and which is turned into bytes only when a model
   is called (:meth:`~ImageStore.base64`).
+
+References and views stay together here because each needs the other: a view is rendered
+from a reference's pixels, and a view's key is itself a reference whose bytes may not exist
+until it is read (:meth:`~ImageStore.read` encodes it then).
 
 Corrupt, truncated, oversized or refused images raise :class:`ImageLoadError`, which the
 graph records as that query's error.
@@ -52,7 +55,8 @@ from .codec import (
     sniff_mime,
     upright,
 )
-from .deadlines import EarliestDeadlineFirst, cpu_work, time_left
+from .deadlines import EarliestDeadlineFirst, cpu_work
+from .decode_cache import DecodeBudget, DecodeCache
 from .frames import ResizeSpec, smart_resize
 from .sources import (
     FileInfo,
@@ -136,36 +140,9 @@ def _blob_writer() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=4, thread_name_prefix="speceyes-blob-write")
 
 
-class _ByteBudget:
-    """At most ``limit`` bytes of decodes in flight; the rest wait (up to their deadline)."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.in_use = 0
-        self.peak = 0
-        self._cond = threading.Condition()
-
-    def acquire(self, n: int, name: str) -> None:
-        if n > self.limit:
-            raise ImageLoadError(
-                f"decoding image {name} needs {n / 2**20:.0f} MiB, more than this store's "
-                f"decode budget of {self.limit / 2**20:.0f} MiB"
-            )
-        with self._cond:
-            ok = self._cond.wait_for(lambda: self.in_use + n <= self.limit, time_left())
-            if not ok:
-                raise ImageLoadError(f"timed out waiting for memory to decode image {name}")
-            self.in_use += n
-            self.peak = max(self.peak, self.in_use)
-
-    def release(self, n: int) -> None:
-        with self._cond:
-            self.in_use -= n
-            self._cond.notify_all()
-
-
 class ImageStore:
-    """References in, pixels out: policy checks, blobs, a decode cache and a memory budget.
+    """References in, pixels out: policy checks, blobs, model views, and (held in
+    :attr:`cache`) decoded arrays under a memory bound.
 
     Args:
         max_bytes: decoded arrays kept (LRU); at 8K (100 MB RGB) the default 1 GiB keeps
@@ -189,18 +166,14 @@ class ImageStore:
         max_decode_bytes: int = 1 << 30,
         workers: int | None = None,
     ):
-        self.max_bytes = max_bytes
         self.policy = policy or ImagePolicy()
         self.blobs: BlobStore = blobs if blobs is not None else MemoryBlobs()
-        self.budget = _ByteBudget(max_decode_bytes)
         self._work = EarliestDeadlineFirst(workers) if workers else cpu_work()
+        # originals under their source keys, views under their blob keys: one memory bound
+        self.cache = DecodeCache(max_bytes, max_decode_bytes=max_decode_bytes, work=self._work)
         # views are encoded on demand when nothing outside this process can read the blobs
         self.lazy_views = isinstance(self.blobs, MemoryBlobs)
-        self.decodes = 0  # how many times an image was actually decoded (tests, benchmarks)
-        self._cache: OrderedDict[Any, np.ndarray] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self._loading: dict[Any, threading.Lock] = {}
+        self._lock = threading.Lock()  # guards the tables below; the cache has its own
         # (source key, resize) -> blob key
         self._views: OrderedDict[tuple[Any, ResizeSpec | None], str] = OrderedDict()
         # view key -> how to render it: (reference, resize, source key)
@@ -209,6 +182,42 @@ class ImageStore:
         self.max_views = 4096
         # blob key -> its background write (put(background=True)); gone once it succeeded
         self._writing: dict[str, Future[None]] = {}
+
+    # The cache's knobs and counters under the store's old names: callers tune and read them
+    # on the store, and must see the cache's live values.
+
+    @property
+    def max_bytes(self) -> int:
+        """Bytes of decoded arrays kept; views' pixels count too, so one bound covers all
+        the pixels a store holds."""
+        return self.cache.max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value: int) -> None:
+        self.cache.max_bytes = value
+
+    @property
+    def budget(self) -> DecodeBudget:
+        """Decodes in flight, in bytes (``limit``, ``in_use``, ``peak``): what tests and
+        benchmarks read to see how far decodes overlapped."""
+        return self.cache.budget
+
+    @budget.setter
+    def budget(self, value: DecodeBudget) -> None:
+        self.cache.budget = value
+
+    @property
+    def decodes(self) -> int:
+        """How many times an image was actually decoded (tests, benchmarks)."""
+        return self.cache.decodes
+
+    @decodes.setter
+    def decodes(self, value: int) -> None:
+        self.cache.decodes = value
+
+    @property
+    def _bytes(self) -> int:  # the old private name, read by tests
+        return self.cache.nbytes
 
     # --- references ----------------------------------------------------------------------
 
@@ -246,8 +255,8 @@ class ImageStore:
         kind = _kind(ref)
         if kind == "blob":
             with self._lock:
-                known = ref in self._derived or ref in self._cache
-            if not known:
+                known = ref in self._derived
+            if not known and ref not in self.cache:
                 self.read(ref)  # raises if unknown
             return cast(str, ref)  # _kind made sure: a blob key is a str
         if kind == "data":
@@ -291,8 +300,7 @@ class ImageStore:
             derivation = self._derived.get(key)
         if derivation is not None:  # a view not encoded yet, or evicted: encode it now
             ref, resize, _ = derivation
-            with self._lock:
-                arr = self._cache.get(key)
+            arr = self.cache.peek(key)
             data = encode_png(arr if arr is not None else self._view_array(ref, resize))
             self.blobs.put(key, data)
             return data
@@ -310,11 +318,6 @@ class ImageStore:
         _, load = self._source(ref)
         return load()
 
-    def base64(self, key: str) -> tuple[str, str]:
-        """(base64 data, MIME type) of a blob, for a model call."""
-        data = self.read(key)
-        return base64.b64encode(data).decode("ascii"), sniff_mime(data)
-
     # --- pixels --------------------------------------------------------------------------
 
     def _source(self, ref: str) -> tuple[Any, Callable[[], bytes]]:
@@ -329,68 +332,15 @@ class ImageStore:
     def get(self, ref: str) -> np.ndarray:
         """The decoded RGB array of a reference (read-only, shared between threads)."""
         key, load = self._source(ref)
-        with self._lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                return self._cache[key]
-            gate = self._loading.setdefault(key, threading.Lock())
-        with gate:  # concurrent requests for one image wait for a single decode
-            with self._lock:
-                if key in self._cache:
-                    return self._cache[key]
-            try:
-                with self._work("image decode"):
-                    arr = self._decode(load(), redact(ref))
-            finally:
-                with self._lock:
-                    self._loading.pop(key, None)
-            with self._lock:
-                self.decodes += 1
-            return self._remember(key, arr)
+        return self.cache.get(key, load, ref, self.policy.max_pixels)
 
-    def _remember(self, key: Any, arr: np.ndarray) -> np.ndarray:
-        arr.setflags(write=False)  # shared between threads: nobody may write into it
-        with self._lock:
-            if key not in self._cache and arr.nbytes <= self.max_bytes:
-                self._cache[key] = arr
-                self._bytes += arr.nbytes
-                while self._bytes > self.max_bytes and len(self._cache) > 1:
-                    _, old = self._cache.popitem(last=False)
-                    self._bytes -= old.nbytes
-        return arr
-
-    def _decode(self, data: bytes, name: str) -> np.ndarray:
-        header = read_header(data, name)
-        if header.pixels > self.policy.max_pixels:
-            raise ImageLoadError(
-                f"image {name} is {header.width}x{header.height} ({header.pixels / 1e6:.1f} MP); "
-                f"the limit is {self.policy.max_pixels / 1e6:.0f} MP"
-            )
-        need = header.decode_bytes + len(data)
-        self.budget.acquire(need, name)
-        try:
-            return decode_image(data, name, header=header)
-        finally:
-            self.budget.release(need)
+    def _decode(self, data: bytes, name: str) -> np.ndarray:  # uncached (benchmarks)
+        return self.cache.decode(data, name, self.policy.max_pixels)
 
     def size(self, ref: str) -> tuple[int, int]:
         """(width, height) of the original image."""
         arr = self.get(ref)
         return arr.shape[1], arr.shape[0]
-
-    def model_view(self, ref: str, resize: ResizeSpec | None = None) -> str:
-        """Blob key of the image as the model will see it (smart-resized PNG), cached.
-
-        Sending the resized image (not the 8K original) keeps requests small and makes the
-        model's pixel coordinates exactly the frame that ``ResizeSpec`` maps back from.
-        """
-        source = ref if is_blob_key(ref) else self._source(ref)[0]
-        with self._lock:
-            key = self._views.get((source, resize))
-            if key is not None:
-                self._views.move_to_end((source, resize))
-                return key
-        return self._render_view(ref, resize, source)
 
     def has_decoded(self, refs: Any) -> bool:
         """Whether every reference is decoded and held, so that interning and getting it are
@@ -412,8 +362,23 @@ class ImageStore:
                     return False
         except Exception:  # noqa: BLE001 - the real call reports it
             return False
+        return self.cache.holds_all(keys)
+
+    # --- what a model is shown -----------------------------------------------------------
+
+    def model_view(self, ref: str, resize: ResizeSpec | None = None) -> str:
+        """Blob key of the image as the model will see it (smart-resized PNG), cached.
+
+        Sending the resized image (not the 8K original) keeps requests small and makes the
+        model's pixel coordinates exactly the frame that ``ResizeSpec`` maps back from.
+        """
+        source = ref if is_blob_key(ref) else self._source(ref)[0]
         with self._lock:
-            return all(key in self._cache for key in keys)
+            key = self._views.get((source, resize))
+            if key is not None:
+                self._views.move_to_end((source, resize))
+                return key
+        return self._render_view(ref, resize, source)
 
     def has_views(self, refs: Sequence[str], resize: ResizeSpec | None) -> bool:
         """Whether :meth:`model_view` of every reference is a lookup now (its view in this
@@ -426,7 +391,7 @@ class ImageStore:
             return False
         with self._lock:
             keys = [self._views.get((source, resize)) for source in sources]
-            return all(key is not None and key in self._cache for key in keys)
+        return None not in keys and self.cache.holds_all(keys)
 
     def _view_array(self, ref: str, resize: ResizeSpec | None) -> np.ndarray:
         arr = self.get(ref)
@@ -452,7 +417,7 @@ class ImageStore:
         else:
             with self._work("image encode"):
                 key = self.put_array(arr)
-        self._remember(key, arr)  # a local model reads the view's pixels without a decode
+        self.cache.keep(key, arr)  # a local model reads the view's pixels without a decode
         with self._lock:
             self._views[(source, resize)] = key
             self._derived[key] = (ref, resize, source)
@@ -461,6 +426,13 @@ class ImageStore:
                     table.popitem(last=False)
         return key
 
+    def base64(self, key: str) -> tuple[str, str]:
+        """(base64 data, MIME type) of a blob, for a model call."""
+        data = self.read(key)
+        return base64.b64encode(data).decode("ascii"), sniff_mime(data)
+
+    # --- letting go ----------------------------------------------------------------------
+
     def forget(self, ref: str) -> None:
         """Drop one reference's decoded array, views and (for blobs) bytes."""
         path = os.path.realpath(_file_path(ref)) if _kind(ref) == "file" else None
@@ -468,9 +440,8 @@ class ImageStore:
         def matches(key: Any) -> bool:
             return key == ref or (isinstance(key, tuple) and key[1] == path)
 
+        self.cache.forget(matches)
         with self._lock:
-            for k in [k for k in self._cache if matches(k)]:
-                self._bytes -= self._cache.pop(k).nbytes
             for view in [v for v in self._views if matches(v[0])]:
                 self._derived.pop(self._views.pop(view), None)
         discard = getattr(self.blobs, "discard", None)
@@ -478,13 +449,13 @@ class ImageStore:
             discard(ref)
 
     def clear(self) -> None:
+        """Drop every decoded array, view and resolved path (and the blobs, where the blob
+        store can be cleared); :attr:`decodes` restarts at 0."""
+        self.cache.clear()
         with self._lock:
-            self._cache.clear()
             self._views.clear()
             self._derived.clear()
             self._real_paths.clear()
-            self._bytes = 0
-            self.decodes = 0
         clear = getattr(self.blobs, "clear", None)
         if clear is not None:
             clear()

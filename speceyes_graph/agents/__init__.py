@@ -1,7 +1,9 @@
 """The agents behind the gate: the built-in tool loop the large model runs (phase IV).
 
 - :mod:`.loop`: :func:`create_agent_loop`, the DeepEyes / Thyme / native tool-calling loop
-  as a LangGraph graph (its turns, tool calls, step budget and answer), :class:`LoopOptions`.
+  as a LangGraph graph (its turns, tool calls, step budget and answer), :class:`LoopOptions`;
+  :mod:`.steps` holds its state and the steps it wires (a model turn, routing, correction,
+  tool calls, finish).
 - :mod:`.toolsets`: the tools a loop calls, declared (:class:`Toolset`, TOML files,
   :func:`register_tool`).
 

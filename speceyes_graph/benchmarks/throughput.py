@@ -259,43 +259,65 @@ def ceiling(
                 list(pool.map(lambda q: through_judge(compiled, q), queries))
 
     with _Offloaded(model, offloaded_s):
+        run = _CeilingRun(
+            phase=phase,
+            model=model,
+            queries=queries,
+            store=store,
+            prompts=prompts,
+            max_tokens=max_tokens,
+            run_graph=run_graph,
+        )
         return _measure_ceiling(
-            phase, model, queries, reps, store, prompts, max_tokens, run_graph, driver,
-            orchestration, offloaded_s,
-        )  # fmt: skip
+            run, reps=reps, driver=driver, orchestration=orchestration, offloaded_s=offloaded_s
+        )
+
+
+@dataclass(frozen=True)
+class _CeilingRun:
+    """One phase to measure both ways: the graph (``run_graph(rep)``; rep -1 is the warm-up)
+    and the raw ceiling (:meth:`raw`: the same requests straight through ``model``)."""
+
+    phase: str  # "judge" or "speculation"
+    model: Any  # the model the phase runs
+    queries: Sequence[SpecEyesInput]
+    store: ImageStore
+    prompts: Prompts
+    max_tokens: int  # the phase's generation length
+    run_graph: Callable[[int], None]
+
+    def cold(self) -> None:
+        _cold(self.store, self.model)
+
+    def raw(self) -> tuple[float, float]:
+        return _raw(self.phase, self.model, self.queries, self.prompts, self.max_tokens, self.store)
 
 
 def _measure_ceiling(
-    phase: str,
-    model: Any,
-    queries: Sequence[SpecEyesInput],
-    reps: int,
-    store: ImageStore,
-    prompts: Prompts,
-    max_tokens: int,
-    run_graph: Callable[[int], None],
-    driver: str,
-    orchestration: bool,
-    offloaded_s: float | None,
+    run: _CeilingRun, *, reps: int, driver: str, orchestration: bool, offloaded_s: float | None
 ) -> CeilingResult:
+    """``reps`` timed runs of each path after a warm-up; the medians, and the model's stats of
+    the graph run nearest the median. ``driver``, ``offloaded_s``: recorded as given;
+    ``orchestration``: also measure the host cost per query."""
+    phase, model, queries, store = run.phase, run.model, run.queries, run.store
     n = len(queries)
-    _cold(store, model)
-    run_graph(-1)  # warm-up of both paths (first calls allocate, import, compile)
-    _cold(store, model)
-    _raw(phase, model, queries, prompts, max_tokens, store)
+    run.cold()
+    run.run_graph(-1)  # warm-up of both paths (first calls allocate, import, compile)
+    run.cold()
+    run.raw()
     graph_s, raw = [], []
     busy, calls, requests, queued, first, after = [], [], [], [], [], []
     for rep in range(reps):
-        _cold(store, model)
+        run.cold()
         t0 = time.perf_counter()
-        raw_prepare, raw_model = _raw(phase, model, queries, prompts, max_tokens, store)
+        raw_prepare, raw_model = run.raw()
         raw.append((time.perf_counter() - t0, raw_prepare, raw_model))
-        _cold(store, model)
+        run.cold()
         stats = model.scheduler.stats
         b0, c0, r0, q0 = stats.busy_s, stats.calls, stats.requests, stats.queued_s
         with _Timeline(model) as timeline:
             t0 = time.perf_counter()
-            run_graph(rep)
+            run.run_graph(rep)
             t1 = time.perf_counter()
         graph_s.append(t1 - t0)
         busy.append(stats.busy_s - b0)

@@ -65,10 +65,12 @@ def write_examples(
     by_id = {m: {r["id"]: r for r in rs} for m, rs in records.items()}
     query = {q.id: q for q in queries}
     written = []
+    # the first query of each route by id, not by when it finished: the same pictures every run
+    ordered = {m: sorted(rs, key=lambda r: r["id"]) for m, rs in records.items()}
     for route in ROUTE_WORDS:
-        record = next((r for r in records["speceyes"] if r["route"] == route), None)
+        record = next((r for r in ordered["speceyes"] if r["route"] == route), None)
         if record is None and "depth" in records:  # speculative-tools: the depth-D run's
-            record = next((r for r in records["depth"] if r["route"] == route), None)
+            record = next((r for r in ordered["depth"] if r["route"] == route), None)
         if record is None:
             continue
         q = query[record["id"]]

@@ -33,9 +33,9 @@ independently of their outcome, and given which drafts the gate accepted. The ne
 differ from the window by sampling noise and by drift: the gate reacts within about a
 window, and its realised risk, its acceptance against the best fixed tau in hindsight and
 its agent calls, measured on simulated traffic with abrupt and gradual drift, are in
-``docs/calibration.md``. Rolling risk control (Feldman et al. 2023) and adaptive conformal
-inference (Gibbs & Candes 2021) bound instead the long-run *average* risk under arbitrary
-drift by letting tau swing around the target, with no level for any stretch of traffic.
+``docs/calibration.md``. ``rolling_step=`` swaps the window's certified tau for rolling
+risk control (:mod:`~speceyes_graph.gate.rolling`): the long-run *average* risk bounded
+under any drift, with no level for any stretch of traffic.
 
 **In the graph.** ``create_speceyes_graph(gate=OnlineGate(...))`` gates each tool-free
 draft with :meth:`OnlineGate.decide` and records the tau it met and whether it was shadowed
@@ -59,7 +59,6 @@ disagreeing: a failure gives no agreement (docs/calibration.md, "What it trusts"
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -75,8 +74,10 @@ from typing import Any, Literal
 import numpy as np
 from langgraph.store.base import BaseStore
 
+from .bounds import upper_bound
 from .keys import GateKeys, MissingGateKey
 from .ledger import MIN_CHANCE, GateLedger, MemoryLedger, Observation, StoreLedger
+from .rolling import RollingControl
 from .separability import GateConfig, acceptance_score
 from .shadowing import BudgetShadows, FlatShadows, ShadowPolicy, ShadowRuns, shadow_policy
 
@@ -94,40 +95,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-@functools.lru_cache(maxsize=65536)
-def _clopper_pearson(errors: int, trials: int, delta: float) -> float:
-    if trials <= 0 or errors >= trials:
-        return 1.0
-    j = np.arange(errors + 1)
-    log_choose = (
-        math.lgamma(trials + 1) - np.array([math.lgamma(x + 1) for x in j])
-        - np.array([math.lgamma(trials - x + 1) for x in j])
-    )  # fmt: skip
-
-    def cdf(q: float) -> float:  # P(Binomial(trials, q) <= errors)
-        return float(np.exp(log_choose + j * math.log(q) + (trials - j) * math.log1p(-q)).sum())
-
-    lo, hi = errors / trials, 1.0
-    for _ in range(60):  # bisection to ~1e-18: the cdf falls as q rises
-        mid = (lo + hi) / 2
-        if mid >= 1.0 or cdf(mid) < delta:
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
-def upper_bound(errors: np.ndarray, trials: np.ndarray, delta: float) -> np.ndarray:
-    """Exact (Clopper-Pearson) one-sided upper confidence bounds at level ``delta`` on the
-    share of errors, elementwise: the largest share under which seeing at most ``errors`` in
-    ``trials`` has chance at least ``delta``; 1 where there are no trials. Conservative for
-    a sample drawn without replacement from a finite set (a window's accepted drafts)."""
-    errors, trials = np.asarray(errors), np.asarray(trials)
-    return np.array(
-        [_clopper_pearson(int(k), int(n), float(delta)) for k, n in zip(errors, trials)]
-    ).reshape(errors.shape)
 
 
 def default_taus() -> list[float]:
@@ -226,6 +193,10 @@ class OnlineGate:
             have not been read for a while (default the start tau; 1.0 accepts nothing).
         max_age_s: observations older than this do not count (default a week; None: no
             limit).
+        rolling_step: None (default): tau is the window's certified one. A number: rolling
+            risk control instead (:mod:`~speceyes_graph.gate.rolling`, the long-run
+            alternative), moving this many candidates per unit of loss, from where the
+            window (its evidence) puts tau; each worker moves its own.
 
     Thread-safe: one gate serves every query of a process.
     """
@@ -252,6 +223,7 @@ class OnlineGate:
         key: str | bytes | Sequence[str | bytes] | None = None,
         outage_tau: float | None = None,
         max_age_s: float | None = 7 * 86400.0,
+        rolling_step: float | None = None,
     ) -> None:
         if not 0 < max_risk < 1:
             raise ValueError(f"max_risk must be in (0, 1), got {max_risk}")
@@ -301,8 +273,11 @@ class OnlineGate:
         self.shadows = ShadowRuns(shadow_concurrency, shadow_queue)
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
+        self.rolling: RollingControl | None = None
         if self.seeds:
             self._refit()
+        if rolling_step is not None:
+            self.rolling = RollingControl(list(self.taus), max_risk, rolling_step, start=self.tau)
 
     @property
     def shadow_rate(self) -> float:
@@ -385,8 +360,11 @@ class OnlineGate:
         at = decision.at if decision is not None and decision.at else time.time()
         chance = decision.chance if accepted and decision is not None else 1.0
         observation = Observation(at, score, accepted, shadowed, disagrees, failed, chance)
+        key = key or uuid.uuid4().hex
+        if self.rolling is not None:
+            self.rolling.observe(key, accepted, disagrees, chance)
         try:
-            self.ledger.record(key or uuid.uuid4().hex, observation)
+            self.ledger.record(key, observation)
             with self._lock:
                 self.seen += 1
         finally:
@@ -406,9 +384,11 @@ class OnlineGate:
         trouble = self.ledger.trouble()
         tau, estimate, bound = self.start_tau, None, None
         acceptance = sum(q.accepted for q in recent) / len(recent) if recent else 0.0
-        if len(recent) >= self.warmup:
+        if self.rolling is not None or len(recent) >= self.warmup:
             estimates, bounds = self._bounds(recent)
-            tau = self._certified_tau(estimates, bounds)
+            tau = (
+                self._certified_tau(estimates, bounds) if self.rolling is None else self.rolling.tau
+            )
             if trouble is not None:  # fail safe: no permissive tau without live evidence
                 tau = max(tau, self.outage_tau)
             at = int(np.searchsorted(-self.taus, -tau))  # taus run from 1.0 down
@@ -495,4 +475,5 @@ class OnlineGate:
             "tightened": self.trouble is not None,
             "refused": self.refused,
             "shadow_runs": self.shadows.stats(),
+            "rolling_loss": None if self.rolling is None else self.rolling.average_loss(),
         }

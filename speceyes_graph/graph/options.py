@@ -204,24 +204,30 @@ def _tools(tools: ToolsSpec | None, resize: ResizeSpec, store: ImageStore) -> li
     return build_tools(load_toolset(tools), resize=resize, store=store)  # type: ignore[arg-type]
 
 
-def resolve_setup(
-    *,
-    speculator: Any | None,
-    agent: Any | None,
-    judge: Any | None,
-    tools: ToolsSpec | None,
-    mode: Mode,
-    gate: GateConfig | OnlineGate | str | Path | None,
+@dataclass(frozen=True)
+class _Models:
+    """The models resolved: the built-in loop's chat model or a user's agent, the judge, and
+    the image frame of each."""
+
+    agent: Any | None
+    agent_graph: Any | None
+    judge: Any | None
+    resize: ResizeSpec  # the agent's
+    speculator_resize: ResizeSpec
+    judge_resize: ResizeSpec
+
+    @property
+    def has_agent(self) -> bool:
+        return self.agent is not None or self.agent_graph is not None
+
+
+def _resolve_groups(
     speculation: SpeculationOptions | Speculation | None,
     loop: LoopOptions | None,
-    prompts: Prompts | None,
-    resize: ResizeSpec | None,
-    limits: Limits | None,
-    store: ImageStore | None,
-    on_error: OnError,
     legacy: dict[str, Any],
-) -> GraphSetup:
-    """The arguments of :func:`~speceyes_graph.create_speceyes_graph`, resolved and checked."""
+) -> tuple[SpeculationOptions, LoopOptions, bool]:
+    """The speculation and loop groups with the legacy keywords moved in, and whether the
+    legacy ``speculator_as_judge`` was given."""
     legacy = dict(legacy)
     unknown = sorted(set(legacy) - set(LegacyOptions.__annotations__))
     if unknown:
@@ -233,16 +239,18 @@ def resolve_setup(
     )
     phases = _with_legacy(phases, legacy, _LEGACY_SPECULATION)
     loop = _with_legacy(loop or LoopOptions(), legacy, _LEGACY_LOOP)
-    if legacy.pop("speculator_as_judge", False):  # it wins over judge=, as it always did
-        judge = "speculator"
-    if mode not in _MODES:
-        raise ValueError(f"unknown mode {mode!r}; use 'speceyes', 'agent', 'small' or 'specreason'")
-    if on_error not in ("record", "raise"):
-        raise ValueError(f"on_error must be 'record' or 'raise', got {on_error!r}")
-    store = store or default_store()
-    limits = limits or Limits()
+    return phases, loop, bool(legacy.pop("speculator_as_judge", False))
 
-    # The models: the built-in loop's chat model, or a user's agent over messages
+
+def _resolve_models(
+    speculator: Any | None,
+    agent: Any | None,
+    judge: Any | None,
+    resize: ResizeSpec | None,
+    phases: SpeculationOptions,
+) -> _Models:
+    """The built-in loop's chat model, or a user's agent over messages; the judge; the
+    frames."""
     agent_graph = None
     if agent is not None and not _is_chat_model(agent):
         if not callable(getattr(agent, "invoke", None)):
@@ -261,22 +269,34 @@ def resolve_setup(
         raise ValueError(f"judge must be a chat model, 'agent' or 'speculator', got {judge!r}")
     else:
         judge_model, judge_resize = judge, resize
-    has_agent = agent is not None or agent_graph is not None
-    can_speculate = speculator is not None and judge_model is not None and has_agent
+    return _Models(agent, agent_graph, judge_model, resize, speculator_resize, judge_resize)
 
-    # The tools: the built-in loop's in the agent's frame, the small loop's in its own
-    tool_list = _tools(tools, resize, store) if agent is not None else []
+
+def _resolve_tools(
+    tools: ToolsSpec | None,
+    phases: SpeculationOptions,
+    models: _Models,
+    can_speculate: bool,
+    store: ImageStore,
+) -> tuple[list[BaseTool], list[BaseTool]]:
+    """The built-in loop's tools in the agent's frame, the small loop's in its own."""
+    agent = models.agent
+    tool_list = _tools(tools, models.resize, store) if agent is not None else []
     small_tools: list[BaseTool] = []
     if can_speculate:
         if phases.tools is not None:
-            small_tools = _tools(phases.tools, speculator_resize, store)
+            small_tools = _tools(phases.tools, models.speculator_resize, store)
         elif _is_list(tools) or agent is not None and not isinstance(tools, (str, Path, Toolset)):
             small_tools = tool_list
         else:
-            small_tools = _tools(tools, speculator_resize, store)
-    protocol = resolve_protocol(loop.protocol, tool_list if agent is not None else small_tools)
-    thyme = protocol == "thyme"
+            small_tools = _tools(tools, models.speculator_resize, store)
+    return tool_list, small_tools
 
+
+def _resolve_gate(
+    gate: GateConfig | OnlineGate | str | Path | None, has_agent: bool, thyme: bool
+) -> tuple[GateConfig, OnlineGate | None]:
+    """Phase III's gate (loaded from a file, or an online gate's), and the online gate."""
     online = None
     if isinstance(gate, OnlineGate):
         if not has_agent:
@@ -284,29 +304,32 @@ def resolve_setup(
         online, gate = gate, gate.config
     if isinstance(gate, (str, Path)):
         gate = GateConfig.load(gate)
-    gate = gate or GateConfig(tau=THYME_TAU if thyme else GateConfig().tau)
-    prompts = prompts or (Prompts.thyme() if thyme else Prompts())
-    max_steps = default_max_steps(protocol) if loop.max_steps is None else loop.max_steps
-    loop = dataclasses.replace(loop, protocol=protocol, max_steps=max_steps)
-    step_tokens = phases.step_tokens or getattr(agent, "max_tokens", None)
-    phases = dataclasses.replace(
-        phases,
-        resize=speculator_resize,
-        step_tokens=step_tokens if isinstance(step_tokens, int) else None,
-    )
+    return gate or GateConfig(tau=THYME_TAU if thyme else GateConfig().tau), online
 
-    available: set[str] = {"agent"} if has_agent else set()
+
+def _available_modes(
+    speculator: Any | None, models: _Models, can_speculate: bool, protocol: Protocol
+) -> set[str]:
+    """The modes these models allow."""
+    available: set[str] = {"agent"} if models.has_agent else set()
     if speculator is not None:
         available.add("small")
         if can_speculate:
             available.add("speceyes")
-        if agent is not None and protocol in ("deepeyes", "thyme"):  # text protocols only
+        if models.agent is not None and protocol in ("deepeyes", "thyme"):  # text protocols only
             available.add("specreason")
-    if mode in ("speceyes", "agent", "specreason") and not has_agent:
+    return available
+
+
+def _check_mode(
+    mode: Mode, speculator: Any | None, models: _Models, available: set[str], protocol: Protocol
+) -> None:
+    """Raise if ``mode`` needs a model not given, or a protocol these models do not speak."""
+    if mode in ("speceyes", "agent", "specreason") and not models.has_agent:
         raise ValueError(f"mode {mode!r} needs an agent (agent=...)")
     if mode in ("speceyes", "small", "specreason") and speculator is None:
         raise ValueError(f"mode {mode!r} needs a speculator model (speculator=...)")
-    if mode == "speceyes" and judge_model is None:
+    if mode == "speceyes" and models.judge is None:
         raise ValueError(
             "the agent given is not a chat model, so it cannot judge: give judge=<the large "
             "chat model> (the paper judges with the agent's own model) or judge='speculator'"
@@ -314,8 +337,14 @@ def resolve_setup(
     if mode == "specreason" and "specreason" not in available:
         raise ValueError(
             "mode 'specreason' drafts steps of a text protocol (deepeyes or thyme) of the "
-            f"built-in loop, not {'a given agent' if agent_graph is not None else protocol!r}"
+            f"built-in loop, not {'a given agent' if models.agent_graph is not None else protocol!r}"
         )
+
+
+def _check_ranges(
+    phases: SpeculationOptions, small_tools: list[BaseTool], max_steps: int, limits: Limits
+) -> None:
+    """Raise if the speculation depth or the agent's step count is out of range."""
     if not 0 <= phases.depth <= limits.max_speculation_depth:
         raise ValueError(
             f"speculation_depth must be 0..{limits.max_speculation_depth}, got {phases.depth}"
@@ -324,12 +353,64 @@ def resolve_setup(
         raise ValueError("depth-D speculation runs the small model's tool loop: give tools=...")
     if not 1 <= max_steps <= limits.max_agent_steps:
         raise ValueError(f"max_agent_steps must be 1..{limits.max_agent_steps}, got {max_steps}")
+
+
+def resolve_setup(
+    *,
+    speculator: Any | None,
+    agent: Any | None,
+    judge: Any | None,
+    tools: ToolsSpec | None,
+    mode: Mode,
+    gate: GateConfig | OnlineGate | str | Path | None,
+    speculation: SpeculationOptions | Speculation | None,
+    loop: LoopOptions | None,
+    prompts: Prompts | None,
+    resize: ResizeSpec | None,
+    limits: Limits | None,
+    store: ImageStore | None,
+    on_error: OnError,
+    legacy: dict[str, Any],
+) -> GraphSetup:
+    """The arguments of :func:`~speceyes_graph.create_speceyes_graph`, resolved and checked."""
+    phases, loop, speculator_as_judge = _resolve_groups(speculation, loop, legacy)
+    if speculator_as_judge:  # it wins over judge=, as it always did
+        judge = "speculator"
+    if mode not in _MODES:
+        raise ValueError(f"unknown mode {mode!r}; use 'speceyes', 'agent', 'small' or 'specreason'")
+    if on_error not in ("record", "raise"):
+        raise ValueError(f"on_error must be 'record' or 'raise', got {on_error!r}")
+    store = store or default_store()
+    limits = limits or Limits()
+
+    models = _resolve_models(speculator, agent, judge, resize, phases)
+    can_speculate = speculator is not None and models.judge is not None and models.has_agent
+    tool_list, small_tools = _resolve_tools(tools, phases, models, can_speculate, store)
+    protocol = resolve_protocol(
+        loop.protocol, tool_list if models.agent is not None else small_tools
+    )
+    thyme = protocol == "thyme"
+
+    gate, online = _resolve_gate(gate, models.has_agent, thyme)
+    prompts = prompts or (Prompts.thyme() if thyme else Prompts())
+    max_steps = default_max_steps(protocol) if loop.max_steps is None else loop.max_steps
+    loop = dataclasses.replace(loop, protocol=protocol, max_steps=max_steps)
+    step_tokens = phases.step_tokens or getattr(models.agent, "max_tokens", None)
+    phases = dataclasses.replace(
+        phases,
+        resize=models.speculator_resize,
+        step_tokens=step_tokens if isinstance(step_tokens, int) else None,
+    )
+
+    available = _available_modes(speculator, models, can_speculate, protocol)
+    _check_mode(mode, speculator, models, available, protocol)
+    _check_ranges(phases, small_tools, max_steps, limits)
     return GraphSetup(
         mode=mode,
-        judge=judge_model,
+        judge=models.judge,
         speculator=speculator,
-        agent=agent,
-        agent_graph=agent_graph,
+        agent=models.agent,
+        agent_graph=models.agent_graph,
         tools=tool_list,
         small_tools=small_tools,
         protocol=protocol,
@@ -338,8 +419,8 @@ def resolve_setup(
         prompts=prompts,
         loop=loop,
         speculation=phases,
-        resize=resize,
-        judge_resize=judge_resize,
+        resize=models.resize,
+        judge_resize=models.judge_resize,
         limits=limits,
         store=store,
         on_error=on_error,
