@@ -3,11 +3,12 @@
 The paper speculates at depth 0: the small model answers tool-free, so every query the judge
 sends to the tools pays the full agent loop, however easy the one zoom it needs. With
 ``speculation_depth=D`` such a query first goes through the *small* model's tool loop: the
-same loop, toolset and protocol as the large agent (:func:`~speceyes_graph.agent.
-create_agent_loop`), its own prompts and image frame, at most D tool steps (D + 1 model
-turns: the last must answer). Its answer is kept when the separability of the answer's own
-tokens clears ``tau_depth``; otherwise (rejected, no answer within D steps, a failure) the
-query goes to the large agent exactly as at depth 0, which never sees the small loop.
+same loop, toolset and protocol as the large agent
+(:func:`~speceyes_graph.agents.loop.create_agent_loop`), its own prompts and image frame, at
+most D tool steps (D + 1 model turns: the last must answer). Its answer is kept when the
+separability of the answer's own tokens clears ``tau_depth``; otherwise (rejected, no
+answer within D steps, a failure) the query goes to the large agent exactly as at depth 0,
+which never sees the small loop.
 
 Why the answer's tokens only: an agent turn is mostly reasoning and tool syntax that the
 model writes with great confidence; its minimum over every token would judge the think text.
