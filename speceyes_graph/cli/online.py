@@ -33,7 +33,7 @@ def cmd_replay_online(args: argparse.Namespace) -> int:
     shadows = BudgetShadows(args.shadow_budget) if args.shadow_budget else args.shadow_rate
     gate = OnlineGate(
         args.max_risk, shadows, tau=args.tau, config=args.gate, window=args.gate_window,
-        seed=args.seed, store=None,
+        seed=args.seed, store=None, rolling_step=args.rolling,
     )  # fmt: skip
     log = replay(stream, gate, seed=args.seed)
     summary = summarise(stream, log, args.max_risk, list(gate.taus), window=args.window)
@@ -51,8 +51,12 @@ def cmd_replay_online(args: argparse.Namespace) -> int:
 
 def _table(summary: dict[str, Any], args: argparse.Namespace) -> str:
     start = "a gate file's evidence" if args.gate else f"tau {args.tau or 1.0}"
+    rule = (
+        f"rolling risk control, step {args.rolling:g}" if args.rolling
+        else f"bound at most {summary['tolerance']}x"
+    )  # fmt: skip
     lines = [
-        f"online gate: risk target {args.max_risk} (bound at most {summary['tolerance']}x), "
+        f"online gate: risk target {args.max_risk} ({rule}), "
         f"shadows {summary['shadow_policy']}, starting from {start}; labels against the "
         f"agent's answer for {summary['labels']['agent']} drafts, the reference answer for "
         f"{summary['labels']['reference']}",
@@ -170,6 +174,11 @@ def add_commands(sub: Any) -> None:
         "until the window certifies a tau)",
     )  # fmt: skip
     p.add_argument("--gate", help="a gate file from `speceyes calibrate`: its evidence seeds the window")
+    p.add_argument(
+        "--rolling", type=float, metavar="STEP",
+        help="rolling risk control with this step instead of the window's bound "
+        "(the long-run alternative, docs/calibration.md)",
+    )  # fmt: skip
     p.add_argument(
         "--shuffle", type=int, metavar="SEED", help="shuffle the queries within each run"
     )
