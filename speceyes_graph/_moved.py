@@ -50,7 +50,7 @@ class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def __init__(self, package: str) -> None:
         self.package = package
-        self._specs: dict[str, importlib.machinery.ModuleSpec | None] = {}
+        self._specs: dict[str, importlib.machinery.ModuleSpec | None] = {}  # old path -> own spec
 
     def new_name(self, fullname: str) -> str | None:
         head, _, tail = fullname.partition(".")
@@ -79,7 +79,8 @@ class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         """The module ran at its new path already; importlib has just given it the old
         path's spec, so put its own back (``importlib.reload`` and pickling read it)."""
-        module.__spec__ = self._specs.pop(module.__spec__.name if module.__spec__ else "", None)
+        assert module.__spec__ is not None  # importlib set the old path's
+        module.__spec__ = self._specs.pop(module.__spec__.name)
 
 
 def install(package: str) -> None:
