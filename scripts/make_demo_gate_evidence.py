@@ -35,7 +35,8 @@ result = calibrate(
 )
 target = Path(__file__).parents[1] / "speceyes_graph" / "demo" / "gate_evidence.json"
 kept = {"scale": "separability, min over the answer's tokens, K 64", "seed": 777_002,
-        "loss": result.loss, "evidence": result.evidence}  # fmt: skip
+        "loss": result.loss, "evidence_scale": result.evidence_scale,
+        "evidence": result.evidence}  # fmt: skip
 target.write_text(json.dumps({"gate": kept}) + "\n")
 losses = sum(loss for _, loss in result.evidence)
 print(f"wrote {target}: {len(result.evidence)} queries, {losses} losses")

@@ -130,6 +130,21 @@ def test_calibrate_command(tmp_path):
 
     online = OnlineGate(0.05, config=tmp_path / "run" / "gate.json", store=None)
     assert online.state()["seeded"] == gate["n_calibration"] and online.tau < 1.0
+    # seeded where the calibration drafts scored, with their losses (calibrate once kept
+    # acceptance scores, which the gate squashed through the sigmoid again, all below 0.65:
+    # every tau above looked risk-free)
+    from collections import Counter
+
+    from speceyes_graph.gate.calibration import draft_scores
+
+    agent_right = {r["id"]: r["correct"] for r in baseline}
+    drafts = Counter(
+        (round(draft_scores(r, "min", 64), 9), agent_right[r["id"]] and not r["draft_correct"])
+        for r in records
+    )
+    seeds = Counter((round(q.score, 9), q.disagrees) for q in online.seeds)
+    assert seeds.total() == gate["n_calibration"] and not seeds - drafts
+    assert sum(y for (score, y), n in seeds.items() if score > 0.9) > 0  # losses up there
 
 
 def with_tool_drafts(records, rng):

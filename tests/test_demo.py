@@ -79,6 +79,10 @@ def test_demo_command_end_to_end(tmp_path):
     drafted = sum(r["route"] != "judged-agentic" for r in read_records(out / "run-online"))
     assert online["gated"] == drafted and online["against"] == "agent"
     assert online["shadow_runs"]["started"] == online["shadowed"]
+    share = online["speedup_wall"] / summary["speedup_wall"]
+    assert online["share_of_static_speedup"] == pytest.approx(share)
+    assert f"({share:.2f} of the published tau's wall-time speedup)" in r.stdout
+    assert online["shadow_tail_s"] >= 0 and "after the run's last answer" in r.stdout
     assert (out / "run-online" / "online_gate.png").exists()
     assert summary["specreason"]["steps"] >= 12
     methods = (out / "run-speceyes" / "report.md").read_text().split("## Methods compared")[1]

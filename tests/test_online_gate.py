@@ -11,6 +11,7 @@ fixtures."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -26,6 +27,7 @@ from speceyes_graph.benchmarks.online_replay import (
 )
 from speceyes_graph.gate.online import BudgetShadows, OnlineGate, default_taus, upper_bound
 from speceyes_graph.gate.rolling import RollingControl
+from speceyes_graph.gate.separability import acceptance_score
 
 TARGET = 0.02
 # The three figures per 3,000-query workload at the gate's defaults, as
@@ -135,9 +137,50 @@ def test_a_gate_file_keeps_its_labelled_evidence(tmp_path):
     path.write_text(json.dumps({"gate": gate_file}))
     gate = OnlineGate(TARGET, config=path, store=None)
     assert gate.state()["seeded"] == 400 and gate.tau < 0.99
+    # a file from calibrate before it marked its scale keeps acceptance scores: read back as
+    # the same queries, so the same tau (read as separability, every tau looked safe)
+    old = [[None if s is None else acceptance_score(s), y] for s, y in rows]
+    path.write_text(json.dumps({"gate": {**gate_file, "evidence": old}}))
+    again = OnlineGate(TARGET, config=path, store=None)
+    assert [q.score for q in again.seeds] == pytest.approx([q.score for q in gate.seeds])
+    assert again.tau == gate.tau
+    path.write_text(json.dumps({"gate": {**gate_file, "evidence_scale": "logits"}}))
+    with pytest.raises(ValueError, match="evidence_scale"):
+        OnlineGate(TARGET, config=path, store=None)
     path.write_text(json.dumps({"gate": {"tau": 0.99, "evidence": [["x", True]]}}))
     with pytest.raises(ValueError, match="evidence"):
         OnlineGate(TARGET, config=path, store=None)
+
+
+def test_slow_labels_do_not_tighten_the_gate():
+    """Shadow labels land seconds after the drafts they label. Until they do, the window
+    stops at the oldest shadow in flight: a burst of accepted drafts whose shadowed cohort
+    has no labels yet does not count as drafts the gate knows nothing about (the old gate
+    rose from 0.5 to 1.0 on this burst and gated the demo's next drafts there); once the
+    labels land they count; a shadow in flight past ``shadow_patience_s`` holds nothing."""
+    evidence = [(8.0 + 0.01 * i, False) for i in range(300)]  # calibration: right drafts
+    gate = OnlineGate(0.05, 0.5, evidence=evidence, seed=0, store=None)
+    start = gate.tau
+    assert start < 0.9
+    in_flight = []
+    for i in range(100):
+        decision = gate.decide(0.99)
+        gate.observe(decision, 0.99, None, key=f"q{i}")  # a shadow's label: not yet
+        if decision.shadowed:
+            in_flight.append((f"q{i}", decision))
+    assert len(in_flight) > 30 and gate.tau == start  # the burst waits for its labels
+    first = int(in_flight[0][0][1:])  # the drafts before the first shadow count at once
+    assert gate.state()["pending"] == 100 - first
+    for key, decision in in_flight:
+        gate.observe(decision, 0.99, False, key=key)  # the labels land
+    assert gate.state()["pending"] == 0 and gate.tau == start
+    estimate, _ = gate.risk_bounds()
+    assert len(gate._evidence()) == 400 and estimate.max() == 0
+    stuck = replace(gate.decide(0.99), shadowed=True, at=time.time() - 301)
+    gate.observe(stuck, 0.99, None, key="lost")  # its worker died with it in flight
+    for i in range(5):
+        gate.observe(gate.decide(None), None, None, key=f"r{i}")
+    assert gate.state()["pending"] == 1 and len(gate._evidence()) == 405
 
 
 @pytest.fixture(scope="module")

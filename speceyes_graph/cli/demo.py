@@ -17,7 +17,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise SystemExit("speceyes demo: --n must be at least 1")
     if args.depth < 0:
         raise SystemExit("speceyes demo: --depth must be at least 0")
-    if not 0 < args.max_risk < 1 or not 0 < args.shadow_rate <= 1:
+    if not 0 < args.max_risk < 1 or not (args.shadow_rate is None or 0 < args.shadow_rate <= 1):
         raise SystemExit("speceyes demo: --max-risk must be in (0, 1), --shadow-rate in (0, 1]")
     if bool(args.small_url) != bool(args.large_url):
         raise SystemExit("speceyes demo: give both --small-url and --large-url, or neither")
@@ -126,9 +126,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--shadow-rate",
         type=float,
-        default=0.5,
-        help="with --online: the share of accepted drafts shadow-verified (0.5: a demo is "
-        "short, and a gate certifies only what its labels support)",
+        default=None,
+        help="with --online: the share of accepted drafts shadow-verified (default the "
+        "gate's: 0.3)",
     )
     p.add_argument(
         "--engine",

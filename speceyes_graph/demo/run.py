@@ -172,17 +172,16 @@ DEMO_GATE_EVIDENCE = Path(__file__).parent / "gate_evidence.json"
 evaluates on (``scripts/make_demo_gate_evidence.py``): the online gate's warm start."""
 
 
-def demo_online_gate(n: int, max_risk: float = 0.05, shadow_rate: float = 0.5) -> OnlineGate:
+def demo_online_gate(max_risk: float = 0.05, shadow_rate: float | None = None) -> OnlineGate:
     """The demo's online gate, started as a deployment with a gate file would be: from 300
-    labelled calibration queries (:data:`DEMO_GATE_EVIDENCE`), on a window as long as the
-    demo (at least those 300), so the live queries replace them as they come."""
-    evidence = read_evidence(DEMO_GATE_EVIDENCE)
+    labelled calibration queries (:data:`DEMO_GATE_EVIDENCE`), otherwise at the gate's
+    defaults (its window keeps the seeds for a demo's few hundred queries, as it keeps a
+    new deployment's; ``shadow_rate`` None: the gate's policy)."""
     return OnlineGate(
         max_risk,
         shadow_rate,
         config=DEMO_GRAPH_SETTINGS["gate"],
-        evidence=evidence,
-        window=max(n, len(evidence), 2),
+        evidence=read_evidence(DEMO_GATE_EVIDENCE),
         seed=0,
         store=None,
     )
@@ -215,7 +214,7 @@ def run_demo(
     small_url: str | None = None,
     large_url: str | None = None,
     depth: int = 0,
-    online: dict[str, float] | None = None,
+    online: dict[str, float | None] | None = None,
 ) -> dict[str, Any]:
     """Run the side-by-side comparison and write everything under ``out_dir``;
     ``specreason`` adds the SpecReason baseline (about as long again as the rest); ``depth``
@@ -250,7 +249,7 @@ def _run_modes(
     print_fn,
     specreason: bool,
     depth: int = 0,
-    online: dict[str, float] | None = None,
+    online: dict[str, float | None] | None = None,
 ) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     print_fn(f"speceyes demo: the embedded checkpoints, {n} held-out scenes")
@@ -267,9 +266,10 @@ def _run_modes(
     if specreason:
         graphs["specreason"] = demo_graph(models["small"], models["large"], mode="specreason")
         modes.append("specreason")
-    online_gate = None
+    online_gate, shadow_tail_s = None, 0.0
     if online:
-        online_gate = demo_online_gate(n, **online)
+        max_risk, shadow_rate = online.get("max_risk"), online.get("shadow_rate")
+        online_gate = demo_online_gate(0.05 if max_risk is None else max_risk, shadow_rate)
         settings = {k: v for k, v in DEMO_GRAPH_SETTINGS.items() if k != "gate"}
         graphs["online"] = create_speceyes_graph(
             speculator=models["small"], agent=models["large"], gate=online_gate, **settings
@@ -299,9 +299,9 @@ def _run_modes(
             },
         )
         if mode == "online" and online_gate is not None:
-            online_gate.shadows.drain(
-                timeout=600
-            )  # the shadow runs still verifying: their cost too
+            t_tail = time.perf_counter()  # the shadow runs still verifying: their cost too
+            online_gate.shadows.drain(timeout=600)
+            shadow_tail_s = time.perf_counter() - t_tail
     report = write_report(
         out / "run-speceyes",
         out / "run-agent",
@@ -334,7 +334,9 @@ def _run_modes(
             out / "run-online", out / "run-agent", title="SpecEyes with the online gate"
         )
         summary.update(
-            online_summary(online_report, records["online"], online_gate.state(), summary)
+            online_summary(
+                online_report, records["online"], online_gate.state(), summary, shadow_tail_s
+            )
         )
     summary["examples"] = write_examples(out / "examples", queries, records)
     return summary

@@ -220,19 +220,28 @@ def summary_text(summary: dict[str, Any]) -> str:
 
 
 def online_summary(
-    report: dict, records: list[dict], gate_state: dict[str, Any], summary: dict[str, Any]
+    report: dict,
+    records: list[dict],
+    gate_state: dict[str, Any],
+    summary: dict[str, Any],
+    shadow_tail_s: float = 0.0,
 ) -> dict[str, Any]:
     """The online-gate run beside the others: its table row (after SpecEyes), what its gate
-    did against agent only's answers, and what its shadow runs cost."""
+    did against agent only's answers, its share of the published tau's wall-time speedup,
+    and what its shadow runs cost (``shadow_tail_s``: how long the last of them ran on
+    after the run's last answer: work off the users' path, but work)."""
     rows = dict(summary["rows"])
     order = [*(m for m in rows if m != "small"), "online", "small"]
     rows["online"] = mode_row(report["summary"], records)
     path = report.get("online_gate") or {}
+    wall, static = report["summary"].get("speedup_wall"), summary.get("speedup_wall")
     return {
         "rows": {m: rows[m] for m in order if m in rows},
         "online": {
             **{k: v for k, v in path.items() if k != "path"},
-            "speedup_wall": report["summary"].get("speedup_wall"),
+            "speedup_wall": wall,
+            "share_of_static_speedup": wall / static if wall and static else None,
+            "shadow_tail_s": shadow_tail_s,
             "static_acceptance": summary["alpha"] * summary["beta"]
             if summary.get("alpha") is not None and summary.get("beta") is not None
             else None,
@@ -251,9 +260,12 @@ def _online_lines(o: dict[str, Any]) -> list[str]:
         f"{_f(o['tau_min'], '.4f')}, max {_f(o['tau_max'], '.4f')}); accepted {o['accepted']} "
         f"of {o['queries']} ({_f(o['acceptance'])}; the published tau: "
         f"{_f(o['static_acceptance'])}); {_f(o['speedup_wall'], '.2f')}x agent only's throughput",
+        f"{'':<17}({_f(o.get('share_of_static_speedup'), '.2f')} of the published tau's wall-time "
+        "speedup)",
         f"{'':<17}{runs['started']} shadow runs ({runs['labelled']} labelled, {runs['failed']} "
         f"failed, {runs['dropped']} dropped), {runs['seconds']:.1f} s of agent time off the "
-        f"users' path; the gate's last estimate {_f(o.get('gate_risk_end'), '.4f')} (at most "
+        f"users' path, the last done {o.get('shadow_tail_s', 0.0):.1f} s after the run's last "
+        f"answer; the gate's last estimate {_f(o.get('gate_risk_end'), '.4f')} (at most "
         f"{_f(o.get('gate_risk_bound_end'), '.4f')})",
     ]
 

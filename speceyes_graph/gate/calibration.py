@@ -154,8 +154,10 @@ class Calibration:
     mixture: dict[str, Any] = field(default_factory=dict)
     depth_mixture: dict[str, Any] = field(default_factory=dict)
     # the calibration queries, labelled: [separability or None, loss], up to EVIDENCE_KEPT;
-    # an online gate built from the file starts from them (OnlineGate(config=path))
+    # an online gate built from the file starts from them (OnlineGate(config=path)). The
+    # raw separability, not the acceptance score: a gate with another alpha reads them right
     evidence: list[list[Any]] = field(default_factory=list)
+    evidence_scale: str = "separability"
 
     def gate(self, base: GateConfig | None = None) -> GateConfig:
         return (base or GateConfig()).replace(
@@ -291,9 +293,10 @@ def calibrate(
             unlabelled_drafts=n_unlabelled, tau_floor=float(_unlabelled_floor(cal, scores))
         )
     result.distribution = _distribution(cal, aggregation, k, tau)
+    raw = [raw_draft_score(r, aggregation, k) for r in cal]  # type: ignore[arg-type]
     result.evidence = [  # a query without a draft has no loss of its own
-        [float(s), bool(loss)] if math.isfinite(s) else [None, False]
-        for s, loss in zip(scores, losses)
+        [float(s), bool(loss)] if s is not None and math.isfinite(s) else [None, False]
+        for s, loss in zip(raw, losses, strict=True)
     ][-EVIDENCE_KEPT:]
     if test:
         scores, losses = _losses_and_scores(test, agent, aggregation, k)

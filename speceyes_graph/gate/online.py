@@ -78,7 +78,7 @@ from .bounds import upper_bound
 from .keys import GateKeys, MissingGateKey
 from .ledger import MIN_CHANCE, GateLedger, MemoryLedger, Observation, StoreLedger
 from .rolling import RollingControl
-from .separability import GateConfig, acceptance_score
+from .separability import DEFAULT_ALPHA, GateConfig, acceptance_score
 from .shadowing import BudgetShadows, FlatShadows, ShadowPolicy, ShadowRuns, shadow_policy
 
 __all__ = [
@@ -123,9 +123,15 @@ class GateDecision:
 
 def read_evidence(path: str | Path) -> list[tuple[float | None, bool]]:
     """The labelled calibration queries a gate file keeps (``speceyes calibrate`` writes up
-    to a window of them): (separability or None without a draft, disagrees)."""
+    to a window of them): (separability or None without a draft, disagrees).
+
+    A file says its scale (``evidence_scale``); calibrate before it did kept acceptance
+    scores, ``sigmoid(0.6 * S)``, which read as separability would all fall below 0.65 and
+    seed a gate that certifies any tau: an unmarked file whose scores all lie in [0, 1] is
+    read as that, and turned back into separability (logged)."""
     data = json.loads(Path(path).read_text())
-    rows = data.get("gate", data).get("evidence") or []
+    gate = data.get("gate", data)
+    rows = gate.get("evidence") or []
     out: list[tuple[float | None, bool]] = []
     for row in rows:
         if not isinstance(row, (list, tuple)) or len(row) != 2 or type(row[1]) is not bool:
@@ -134,18 +140,43 @@ def read_evidence(path: str | Path) -> list[tuple[float | None, bool]]:
         if score is not None and not (isinstance(score, (int, float)) and math.isfinite(score)):
             raise ValueError(f"{path}: an evidence score must be a finite number: {row!r}")
         out.append((None if score is None else float(score), row[1]))
+    scale = gate.get("evidence_scale")
+    if scale is None and out and all(0 <= s <= 1 for s, _ in out if s is not None):
+        log.warning(
+            "%s: evidence without a scale, every score in [0, 1]: read as acceptance scores "
+            "(speceyes calibrate before evidence_scale); re-run calibrate to drop this guess",
+            path,
+        )
+        scale = "acceptance"
+    if scale not in (None, "separability", "acceptance"):
+        raise ValueError(f"{path}: evidence_scale is 'separability' or 'acceptance': {scale!r}")
+    if scale == "acceptance":
+        out = [(None if s is None else _separability_of(s), y) for s, y in out]
     return out
 
 
-def _settled(queries: list[Observation]) -> list[Observation]:
-    """The window without the drafts whose shadow run is still under way: they join it with
-    their label (a shadow that fails or finds no room joins it as an unshadowed accepted
-    draft). Counting them meanwhile as unlabelled accepted drafts would make the gate pay
-    for the shadows' latency: after a burst of acceptances the bound rises until their
-    labels land, and tau swings. Leaving them out is unbiased while how long a shadow takes
-    is independent of its outcome; a worker killed with shadows in flight leaves theirs out
-    for good."""
-    return [q for q in queries if not (q.shadowed and q.disagrees is None)]
+def _separability_of(score: float) -> float:
+    """The separability whose acceptance score (at calibrate's alpha) is ``score``."""
+    p = min(max(score, 1e-16), 1 - 1e-16)
+    return math.log(p / (1 - p)) / DEFAULT_ALPHA
+
+
+def _settled(queries: list[Observation], now: float, patience_s: float) -> list[Observation]:
+    """The window up to the oldest shadow run still under way: a time prefix of the traffic
+    in which every shadow coin that came up has its label (a shadow that fails or finds no
+    room joins as an unshadowed accepted draft). Counting the drafts after it would make
+    the gate pay for the shadows' latency: accepted drafts join at once, their shadowed
+    cohort's labels seconds later, so the group's bound rises with every unlabelled draft
+    until the labels land, and tau swings (on the demo's CPU, where a shadow waits seconds,
+    it held a third of the drafts out). Cutting by time is unbiased while how long a shadow
+    takes is independent of its outcome. A shadow in flight for more than ``patience_s``
+    (a worker killed mid-run leaves its shadows in flight for good) is left out and holds
+    nothing back."""
+    waiting = [
+        q.at for q in queries if q.shadowed and q.disagrees is None and now - q.at < patience_s
+    ]
+    mark = min(waiting, default=math.inf)
+    return [q for q in queries if q.at < mark and not (q.shadowed and q.disagrees is None)]
 
 
 DEFAULT_SHADOWS: ShadowPolicy = FlatShadows(0.3)
@@ -193,6 +224,9 @@ class OnlineGate:
             have not been read for a while (default the start tau; 1.0 accepts nothing).
         max_age_s: observations older than this do not count (default a week; None: no
             limit).
+        shadow_patience_s: the window counts the traffic up to the oldest shadow run still
+            under way, so that slow labels do not tighten it; a shadow in flight longer
+            than this holds nothing back (and never counts).
         rolling_step: None (default): tau is the window's certified one. A number: rolling
             risk control instead (:mod:`~speceyes_graph.gate.rolling`, the long-run
             alternative), moving this many candidates per unit of loss, from where the
@@ -223,6 +257,7 @@ class OnlineGate:
         key: str | bytes | Sequence[str | bytes] | None = None,
         outage_tau: float | None = None,
         max_age_s: float | None = 7 * 86400.0,
+        shadow_patience_s: float = 300.0,
         rolling_step: float | None = None,
     ) -> None:
         if not 0 < max_risk < 1:
@@ -248,6 +283,9 @@ class OnlineGate:
         if not 0 <= self.outage_tau <= 1:
             raise ValueError(f"outage_tau must be in [0, 1], got {self.outage_tau}")
         self.max_age_s = max_age_s
+        if not shadow_patience_s > 0:
+            raise ValueError(f"shadow_patience_s must be positive, got {shadow_patience_s}")
+        self.shadow_patience_s = shadow_patience_s
         grid = default_taus() if taus is None else taus
         self.taus = np.array(sorted({float(t) for t in grid} | {1.0}, reverse=True))
         self.seeds = [  # the oldest of the window: fully labelled, as rejected drafts are
@@ -372,7 +410,8 @@ class OnlineGate:
 
     def _evidence(self) -> list[Observation]:
         """The window as it counts: settled, and no older than ``max_age_s``."""
-        queries = _settled(self.ledger.recent())
+        now = time.time()
+        queries = _settled(self.ledger.recent(), now, self.shadow_patience_s)
         if self.max_age_s is not None:
             oldest = time.time() - self.max_age_s
             queries = [q for q in queries if q.at >= oldest]
@@ -459,7 +498,7 @@ class OnlineGate:
             "start_tau": self.start_tau,
             "seen": self.seen,
             "window": len(queries),
-            "pending": len(queries) - len(_settled(queries)),
+            "pending": len(queries) - len(_settled(queries, time.time(), self.shadow_patience_s)),
             "labelled": sum(q.disagrees is not None for q in queries if q.score is not None),
             "shadowed": sum(q.accepted and q.disagrees is not None for q in queries),
             "agent_failures": sum(q.failed for q in queries),
