@@ -13,7 +13,10 @@ A cold start (no evidence: the first ``warmup`` queries accept nothing) and a wa
 calibrate`` keeps) are both run; ``--rolling`` adds rolling risk control (the long-run
 alternative, docs/calibration.md).
 
-    python3 scripts/bench_online_gate.py [--seeds 10] [--max-risk 0.02] [--shadow-rate X]
+    python3 scripts/bench_online_gate.py [--seeds 10] [--max-risk 0.02] [--rolling STEP]
+        [--shadows flat:RATE | budget:CALLS | margin:NEAR,FAR[,MARGIN] ...]
+
+``--shadows`` compares shadow policies (docs/calibration.md, "Shadow policies").
 """
 
 from __future__ import annotations
@@ -32,7 +35,14 @@ from speceyes_graph.benchmarks.online_replay import (
     simulated_stream,
     summarise,
 )
-from speceyes_graph.gate.online import OnlineGate, default_taus
+from speceyes_graph.gate.online import (
+    BudgetShadows,
+    FlatShadows,
+    MarginShadows,
+    OnlineGate,
+    ShadowPolicy,
+    default_taus,
+)
 
 
 def figures(
@@ -70,7 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--max-risk", type=float, default=0.02)
     parser.add_argument(
-        "--shadow-rate", type=float, help="a flat shadow chance (default: the gate's)"
+        "--shadows",
+        nargs="+",
+        type=parse_policy,
+        metavar="POLICY",
+        help="shadow policies to compare (default: the gate's): flat:RATE, budget:CALLS, "
+        "margin:NEAR,FAR[,MARGIN]",
     )
     parser.add_argument(
         "--rolling",
@@ -88,18 +103,34 @@ def main(argv: list[str] | None = None) -> int:
         f"{'calls/query':>13}{'calls - hindsight fallbacks':>29}"
     )
     rules: list[tuple[str, dict[str, Any]]] = [("window", {})]
+    if args.shadows:
+        rules = [(f"window, {p!r}", {"shadow_rate": p}) for p in args.shadows]
     if args.rolling:
         rules.append((f"rolling, step {args.rolling:g}", {"rolling_step": args.rolling}))
     for rule, gate in rules:
         print(rule)
         for warm in (False, True):
             t0 = time.perf_counter()
-            for name, f in figures(
-                args.max_risk, args.seeds, warm, args.shadow_rate, **gate
-            ).items():
+            for name, f in figures(args.max_risk, args.seeds, warm, **gate).items():
                 _print_row(warm, name, f, args.max_risk)
             print(f"  ({time.perf_counter() - t0:.0f} s)")
     return 0
+
+
+def parse_policy(spec: str) -> ShadowPolicy:
+    """``flat:0.3``, ``budget:0.1`` or ``margin:0.6,0.1[,1.5]``."""
+    kind, _, values = spec.partition(":")
+    try:
+        numbers = [float(v) for v in values.split(",")]
+        if kind == "flat" and len(numbers) == 1:
+            return FlatShadows(numbers[0])
+        if kind == "budget" and len(numbers) == 1:
+            return BudgetShadows(numbers[0])
+        if kind == "margin" and len(numbers) in (2, 3):
+            return MarginShadows(*numbers)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{spec}: {exc}") from exc
+    raise argparse.ArgumentTypeError(f"{spec}: flat:RATE, budget:CALLS or margin:NEAR,FAR[,MARGIN]")
 
 
 def _print_row(warm: bool, name: str, f: dict[str, float], max_risk: float) -> None:

@@ -25,7 +25,13 @@ from speceyes_graph.benchmarks.online_replay import (
     simulated_stream,
     summarise,
 )
-from speceyes_graph.gate.online import BudgetShadows, OnlineGate, default_taus, upper_bound
+from speceyes_graph.gate.online import (
+    BudgetShadows,
+    MarginShadows,
+    OnlineGate,
+    default_taus,
+    upper_bound,
+)
 from speceyes_graph.gate.rolling import RollingControl
 from speceyes_graph.gate.separability import acceptance_score
 
@@ -39,16 +45,17 @@ RISK_FACTOR = {"cold": 2.0, "warm": 1.75}  # measured worst 1.77x, 1.48x the tar
 EXTRA_CALLS = 0.3  # calls per query beyond the hindsight tau's fallbacks: measured 0.25
 
 
-def test_the_window_estimate_is_unbiased_and_its_bound_holds():
+@pytest.mark.parametrize("shadows", [0.2, BudgetShadows(0.1), MarginShadows(0.6, 0.1)], ids=repr)
+def test_the_window_estimate_is_unbiased_and_its_bound_holds(shadows):
     """Over seeds, the gate's estimate of its window's risk at fixed candidate taus matches
     the window's true risk on average (the labels of accepted drafts come only from shadows,
-    weighted by their chance), and the bound is above the truth in most windows."""
-    taus = np.array([0.9, 0.95, 0.98])
+    each weighted by its chance), and the bound is above the truth in most windows: for a
+    flat policy, a budget one (the chance follows the gate's acceptance) and one that looks
+    at the score (pooled, its near-tau labels would overstate the risk)."""
+    taus = np.array([0.95, 0.98, 0.99, 0.995])  # the gate's tau ends near 0.99
     errors, covered = [], []
-    for seed in range(16):
+    for seed in range(10):
         stream = simulated_stream([Segment("w", 1200, 0.15)], seed)
-        # a budget policy: each accepted draft's chance depends on the gate's acceptance
-        shadows = BudgetShadows(0.1) if seed % 2 else 0.2
         gate = OnlineGate(TARGET, shadows, tau=0.98, window=1000, warmup=300, seed=seed)
         replay(stream, gate, seed=seed)
         estimate, bound = gate.risk_bounds()
@@ -221,6 +228,9 @@ def test_bad_settings_are_refused():
     for kwargs in bad:
         with pytest.raises(ValueError):
             OnlineGate(**kwargs)
+    for near, far, margin in ((0, 0.3, 1.5), (1.0, 1.2, 1.5), (1.0, 0.3, 0)):
+        with pytest.raises(ValueError):
+            MarginShadows(near, far, margin)
 
 
 def test_replay_online_on_the_official_fixtures(tmp_path, capsys):
@@ -267,6 +277,12 @@ def test_replay_online_on_the_official_fixtures(tmp_path, capsys):
     overall = json.loads(rolled.read_text())["overall"]
     assert overall["acceptance"] > summary["overall"]["acceptance"]
     assert overall["risk"] <= 1.5 * 0.02
+    # a score-aware shadow policy; one policy at most
+    by_score = [*args[:-6], "--max-risk", "0.02", "--shadow-margin", "1,0.3", "--shuffle", "3"]
+    assert main(["replay-online", *by_score]) == 0
+    assert "shadows MarginShadows(near=1.0, far=0.3, margin=1.5" in capsys.readouterr().out
+    assert main(["replay-online", *by_score, "--shadow-rate", "0.2"]) == 2
+    assert "one shadow policy at most" in capsys.readouterr().err
 
 
 # --- rolling risk control (the long-run alternative) ------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 def cmd_replay_online(args: argparse.Namespace) -> int:
     from ..benchmarks.online_replay import replay, stream_from_records, summarise
     from ..benchmarks.runner import read_records
-    from ..gate.online import BudgetShadows, OnlineGate
+    from ..gate.online import BudgetShadows, MarginShadows, OnlineGate
 
     runs = []
     for folder in args.runs:
@@ -30,7 +30,14 @@ def cmd_replay_online(args: argparse.Namespace) -> int:
     if not any(q.score is not None for q in stream):
         print("speceyes replay-online: no gated drafts in these runs", file=sys.stderr)
         return 2
-    shadows = BudgetShadows(args.shadow_budget) if args.shadow_budget else args.shadow_rate
+    if sum(x is not None for x in (args.shadow_rate, args.shadow_budget, args.shadow_margin)) > 1:
+        print("speceyes replay-online: one shadow policy at most", file=sys.stderr)
+        return 2
+    shadows: Any = args.shadow_rate
+    if args.shadow_budget is not None:
+        shadows = BudgetShadows(args.shadow_budget)
+    if args.shadow_margin is not None:
+        shadows = MarginShadows(*args.shadow_margin)
     gate = OnlineGate(
         args.max_risk, shadows, tau=args.tau, config=args.gate, window=args.gate_window,
         seed=args.seed, store=None, rolling_step=args.rolling,
@@ -151,6 +158,16 @@ def _plot(log: Any, max_risk: float, window: int, out: Path) -> None:
     plt.close(fig)
 
 
+def _margin(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) not in (2, 3):
+        raise argparse.ArgumentTypeError(f"NEAR,FAR or NEAR,FAR,MARGIN: {text!r}")
+    return values
+
+
 def add_commands(sub: Any) -> None:
     """Add this family's subcommands to the ``speceyes`` parser."""
     p = sub.add_parser(
@@ -167,6 +184,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--shadow-budget", type=float, metavar="CALLS",
         help="shadow runs per query instead: the chance follows the gate's acceptance",
+    )  # fmt: skip
+    p.add_argument(
+        "--shadow-margin", type=_margin, metavar="NEAR,FAR[,MARGIN]",
+        help="by score instead: drafts within MARGIN (1.5) of tau in separability shadowed "
+        "with chance NEAR, the rest FAR (docs/calibration.md, 'Shadow policies')",
     )  # fmt: skip
     p.add_argument(
         "--tau", type=float,

@@ -5,7 +5,8 @@
 - :mod:`.calibration`: a tau from labelled queries (``speceyes calibrate``), the gate file;
   :mod:`.label_free`: a tau without labels; :mod:`.drift`: whether traffic moved.
 - :mod:`.online`: :class:`OnlineGate`, tau from the labels production gives, with an exact
-  bound; :mod:`.shadowing` (which accepted drafts the agent verifies), :mod:`.ledger` and
+  bound; :mod:`.window` (the window's estimate, bound and certified tau), :mod:`.shadowing`
+  (which accepted drafts the agent verifies), :mod:`.ledger` and
   :mod:`.keys` (the signed entries workers share through a store), :mod:`.online_steps` (the
   graph's and middleware's steps around it).
 

@@ -8,8 +8,8 @@ each workload (the published 0.98: 1.2% of HR-Bench 4K queries, 4.4% of V*'s).
 **Labels.** Every rejected draft is followed by the agent, so whether it agreed is known.
 An accepted draft's answer goes to the user; it is *shadow-verified* (the agent runs on it
 off the user's path) with a chance its shadow policy gives it before the coin is drawn
-(:mod:`~speceyes_graph.gate.shadowing`: flat by default, or spending a budget of shadow runs per
-query), and the chance stays with the draft. Scores are known for every draft, labelled or
+(:mod:`~speceyes_graph.gate.shadowing`: flat by default, a budget of shadow runs per query, or
+by the draft's score), and the chance stays with the draft. Scores are known for every draft, labelled or
 not. So for any candidate tau ``t`` the queries of a window whose draft scores above ``t``
 split into those the gate rejected when they came (disagreements counted exactly) and
 those it accepted; the accepted ones, grouped by the chance they were shadowed with, are
@@ -79,13 +79,22 @@ from .keys import GateKeys, MissingGateKey
 from .ledger import MIN_CHANCE, GateLedger, MemoryLedger, Observation, StoreLedger
 from .rolling import RollingControl
 from .separability import DEFAULT_ALPHA, GateConfig, acceptance_score
-from .shadowing import BudgetShadows, FlatShadows, ShadowPolicy, ShadowRuns, shadow_policy
+from .shadowing import (
+    BudgetShadows,
+    FlatShadows,
+    MarginShadows,
+    ShadowPolicy,
+    ShadowRuns,
+    shadow_policy,
+)
+from .window import certified_tau, settled, window_risk
 
 __all__ = [
     "BudgetShadows",
     "DEFAULT_SHADOWS",
     "FlatShadows",
     "GateDecision",
+    "MarginShadows",
     "OnlineGate",
     "ShadowPolicy",
     "ShadowRuns",
@@ -159,24 +168,6 @@ def _separability_of(score: float) -> float:
     """The separability whose acceptance score (at calibrate's alpha) is ``score``."""
     p = min(max(score, 1e-16), 1 - 1e-16)
     return math.log(p / (1 - p)) / DEFAULT_ALPHA
-
-
-def _settled(queries: list[Observation], now: float, patience_s: float) -> list[Observation]:
-    """The window up to the oldest shadow run still under way: a time prefix of the traffic
-    in which every shadow coin that came up has its label (a shadow that fails or finds no
-    room joins as an unshadowed accepted draft). Counting the drafts after it would make
-    the gate pay for the shadows' latency: accepted drafts join at once, their shadowed
-    cohort's labels seconds later, so the group's bound rises with every unlabelled draft
-    until the labels land, and tau swings (on the demo's CPU, where a shadow waits seconds,
-    it held a third of the drafts out). Cutting by time is unbiased while how long a shadow
-    takes is independent of its outcome. A shadow in flight for more than ``patience_s``
-    (a worker killed mid-run leaves its shadows in flight for good) is left out and holds
-    nothing back."""
-    waiting = [
-        q.at for q in queries if q.shadowed and q.disagrees is None and now - q.at < patience_s
-    ]
-    mark = min(waiting, default=math.inf)
-    return [q for q in queries if q.at < mark and not (q.shadowed and q.disagrees is None)]
 
 
 DEFAULT_SHADOWS: ShadowPolicy = FlatShadows(0.3)
@@ -411,7 +402,7 @@ class OnlineGate:
     def _evidence(self) -> list[Observation]:
         """The window as it counts: settled, and no older than ``max_age_s``."""
         now = time.time()
-        queries = _settled(self.ledger.recent(), now, self.shadow_patience_s)
+        queries = settled(self.ledger.recent(), now, self.shadow_patience_s)
         if self.max_age_s is not None:
             oldest = time.time() - self.max_age_s
             queries = [q for q in queries if q.at >= oldest]
@@ -426,8 +417,11 @@ class OnlineGate:
         if self.rolling is not None or len(recent) >= self.warmup:
             estimates, bounds = self._bounds(recent)
             tau = (
-                self._certified_tau(estimates, bounds) if self.rolling is None else self.rolling.tau
-            )
+                certified_tau(self.taus, estimates, bounds, self.max_risk,
+                              self.tolerance * self.max_risk)
+                if self.rolling is None
+                else self.rolling.tau
+            )  # fmt: skip
             if trouble is not None:  # fail safe: no permissive tau without live evidence
                 tau = max(tau, self.outage_tau)
             at = int(np.searchsorted(-self.taus, -tau))  # taus run from 1.0 down
@@ -453,40 +447,7 @@ class OnlineGate:
         return self._bounds(self._evidence())
 
     def _bounds(self, queries: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
-        """The window's risk at each candidate: rejected drafts' disagreements counted, and
-        for the accepted ones, group by group of the chance they were shadowed with, the
-        share of those shadowed that disagreed (a uniform sample of the group: unbiased)
-        and its exact upper bound (the level split over the groups)."""
-        n = max(len(queries), 1)
-
-        def above(scores: list[float]) -> np.ndarray:  # how many exceed each candidate
-            ordered = np.sort(np.asarray(scores, dtype=float))
-            return len(ordered) - np.searchsorted(ordered, self.taus, side="right")
-
-        drafted = [q for q in queries if q.score is not None]
-        lost = above([q.score for q in drafted if not q.accepted and q.disagrees]).astype(float)  # type: ignore[misc]
-        estimate, bound = lost.copy(), lost.copy()
-        groups = sorted({q.chance for q in drafted if q.accepted})
-        split = self.delta / max(len(self.shadow.levels), len(groups), 1)
-        for chance in groups:
-            group = [q for q in drafted if q.accepted and q.chance == chance]
-            accepted = above([q.score for q in group])  # type: ignore[misc]
-            labelled = [q for q in group if q.disagrees is not None]
-            shadowed = above([q.score for q in labelled])  # type: ignore[misc]
-            wrong = above([q.score for q in labelled if q.disagrees])  # type: ignore[misc]
-            share = np.divide(wrong, shadowed, out=np.zeros(len(self.taus)), where=shadowed > 0)
-            estimate += accepted * share
-            bound += accepted * upper_bound(wrong, shadowed, split)
-        return estimate / n, bound / n
-
-    def _certified_tau(self, estimate: np.ndarray, bound: np.ndarray) -> float:
-        """The most permissive candidate, from the strictest down, whose estimate stays at or
-        below ``max_risk`` and whose bound at or below ``tolerance * max_risk`` (1.0 accepts
-        nothing and always passes)."""
-        fails = (estimate > self.max_risk) | (bound > self.tolerance * self.max_risk + 1e-12)
-        failing = np.nonzero(fails)[0]
-        last = (failing[0] if len(failing) else len(self.taus)) - 1
-        return float(self.taus[last]) if last >= 0 else 1.0
+        return window_risk(queries, self.taus, self.delta, len(self.shadow.levels))
 
     def state(self) -> dict[str, Any]:
         """What a run records of the gate: the tau now, the evidence behind it, what it
@@ -498,7 +459,7 @@ class OnlineGate:
             "start_tau": self.start_tau,
             "seen": self.seen,
             "window": len(queries),
-            "pending": len(queries) - len(_settled(queries, time.time(), self.shadow_patience_s)),
+            "pending": len(queries) - len(settled(queries, time.time(), self.shadow_patience_s)),
             "labelled": sum(q.disagrees is not None for q in queries if q.score is not None),
             "shadowed": sum(q.accepted and q.disagrees is not None for q in queries),
             "agent_failures": sum(q.failed for q in queries),
