@@ -14,7 +14,8 @@ calibrate`` keeps) are both run; ``--rolling`` adds rolling risk control (the lo
 alternative, docs/calibration.md).
 
     python3 scripts/bench_online_gate.py [--seeds 10] [--max-risk 0.02] [--rolling STEP]
-        [--shadows flat:RATE | budget:CALLS | margin:NEAR,FAR[,MARGIN] ...]
+        [--shadows flat:RATE | budget:CALLS | margin:NEAR,FAR[,MARGIN] ...] [--window N]
+        [--workload N]
 
 ``--shadows`` compares shadow policies (docs/calibration.md, "Shadow policies").
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -46,9 +48,16 @@ from speceyes_graph.gate.online import (
 
 
 def figures(
-    max_risk: float, seeds: int, warm: bool, shadow_rate: Any = None, **gate: Any
+    max_risk: float,
+    seeds: int,
+    warm: bool,
+    shadow_rate: Any = None,
+    workload: int | None = None,
+    **gate: Any,
 ) -> dict[str, dict[str, float]]:
-    """Per scenario: the worst and median of each figure over its workloads and seeds."""
+    """Per scenario: the worst and median of each figure over its workloads and seeds. A
+    workload is a segment of traffic (3,000 queries), or with ``workload`` every stretch of
+    that many queries in turn, wherever the traffic changes."""
     out = {}
     for name, (segments, gradual) in SCENARIOS.items():
         ratios, risks, calls, oracle = [], [], [], []
@@ -58,12 +67,16 @@ def figures(
             online = OnlineGate(
                 max_risk, shadow_rate, evidence=evidence, seed=seed, store=None, **gate
             )
-            s = summarise(stream, replay(stream, online, seed=seed), max_risk, default_taus())
-            for part in s["segments"]:
-                ratios.append(part["acceptance_ratio"] or 0.0)
-                risks.append(part["risk"])
-                calls.append(part["agent_calls"])
-                oracle.append(1 - part["hindsight_acceptance"])
+            log = replay(stream, online, seed=seed)
+            if workload:  # stretches of traffic: the hindsight tau is each stretch's own
+                log.segment = [f"{i // workload}" for i in range(len(stream))]
+                stream = [replace(q, segment=part) for q, part in zip(stream, log.segment)]
+            s = summarise(stream, log, max_risk, default_taus())
+            for stretch in s["segments"]:
+                ratios.append(stretch["acceptance_ratio"] or 0.0)
+                risks.append(stretch["risk"])
+                calls.append(stretch["agent_calls"])
+                oracle.append(1 - stretch["hindsight_acceptance"])
         out[name] = {
             "ratio_min": min(ratios),
             "ratio_median": float(np.median(ratios)),
@@ -93,25 +106,35 @@ def main(argv: list[str] | None = None) -> int:
         metavar="STEP",
         help="also rolling risk control with this step (OnlineGate(rolling_step=STEP))",
     )
+    parser.add_argument("--window", type=int, help="the gate's window (default: the gate's)")
+    parser.add_argument(
+        "--workload",
+        type=int,
+        metavar="N",
+        help="figures per stretch of N queries instead of per 3,000-query segment",
+    )
     args = parser.parse_args(argv)
+    size = f"{args.workload:,}" if args.workload else "3,000"
     print(
         f"online gate at its defaults, target {args.max_risk}, {args.seeds} seeds, "
-        "3,000-query workloads; worst (median) over workloads and seeds"
+        f"{size}-query workloads; worst (median) over workloads and seeds"
     )
     print(
         f"{'start':<6}{'scenario':<10}{'accept/hindsight':>18}{'risk/target':>14}"
         f"{'calls/query':>13}{'calls - hindsight fallbacks':>29}"
     )
-    rules: list[tuple[str, dict[str, Any]]] = [("window", {})]
+    sized = {"window": args.window} if args.window else {}
+    rules: list[tuple[str, dict[str, Any]]] = [("window", sized)]
     if args.shadows:
-        rules = [(f"window, {p!r}", {"shadow_rate": p}) for p in args.shadows]
+        rules = [(f"window, {p!r}", {"shadow_rate": p, **sized}) for p in args.shadows]
     if args.rolling:
-        rules.append((f"rolling, step {args.rolling:g}", {"rolling_step": args.rolling}))
+        rules.append((f"rolling, step {args.rolling:g}", {"rolling_step": args.rolling, **sized}))
     for rule, gate in rules:
         print(rule)
         for warm in (False, True):
             t0 = time.perf_counter()
-            for name, f in figures(args.max_risk, args.seeds, warm, **gate).items():
+            found = figures(args.max_risk, args.seeds, warm, workload=args.workload, **gate)
+            for name, f in found.items():
                 _print_row(warm, name, f, args.max_risk)
             print(f"  ({time.perf_counter() - t0:.0f} s)")
     return 0

@@ -38,11 +38,11 @@ from speceyes_graph.gate.separability import acceptance_score
 TARGET = 0.02
 # The three figures per 3,000-query workload at the gate's defaults, as
 # scripts/bench_online_gate.py measured them over 10 seeds (docs/calibration.md: worst over
-# workloads and seeds; the medians are 0.90-0.99 of hindsight at 0.89-0.98 of the target),
+# workloads and seeds; the medians are 0.95-1.00 of hindsight at 0.95-1.01 of the target),
 # each with a stated margin; (cold start, warm start).
-ACCEPTANCE_FACTOR = {"cold": 0.6, "warm": 0.55}  # measured worst 0.68, 0.65 of hindsight
-RISK_FACTOR = {"cold": 2.0, "warm": 1.75}  # measured worst 1.77x, 1.48x the target
-EXTRA_CALLS = 0.3  # calls per query beyond the hindsight tau's fallbacks: measured 0.25
+ACCEPTANCE_FACTOR = {"cold": 0.7, "warm": 0.7}  # measured worst 0.81, 0.83 of hindsight
+RISK_FACTOR = {"cold": 1.75, "warm": 1.6}  # measured worst 1.40x, 1.28x the target
+EXTRA_CALLS = 0.4  # calls per query beyond the hindsight tau's fallbacks: measured 0.31
 
 
 @pytest.mark.parametrize("shadows", [0.2, BudgetShadows(0.1), MarginShadows(0.6, 0.1)], ids=repr)
@@ -287,8 +287,8 @@ def test_replay_online_on_the_official_fixtures(tmp_path, capsys):
 
 # --- rolling risk control (the long-run alternative) ------------------------------------------
 ROLLING_STEP = 5.0
-ROLLING_ACCEPTANCE = 0.5  # measured worst 0.61 (warm), 0.66 (cold) of hindsight, 10 seeds
-ROLLING_RISK = 1.75  # measured worst 1.45x the target
+ROLLING_ACCEPTANCE = 0.55  # measured worst 0.70 (warm), 0.74 (cold) of hindsight, 10 seeds
+ROLLING_RISK = 1.75  # measured worst 1.33x the target
 
 
 def test_rolling_control_keeps_its_long_run_promise_on_adversarial_traffic():

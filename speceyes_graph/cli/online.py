@@ -205,7 +205,7 @@ def add_commands(sub: Any) -> None:
         "--shuffle", type=int, metavar="SEED", help="shuffle the queries within each run"
     )
     p.add_argument("--aggregation", default="min", help="the separability aggregation (min)")
-    p.add_argument("--gate-window", type=int, default=2000, help="queries the gate looks back on")
+    p.add_argument("--gate-window", type=int, default=1000, help="queries the gate looks back on")
     p.add_argument("--window", type=int, default=500, help="queries per reported risk window")
     p.add_argument("--seed", type=int, default=0, help="seed of the shadow draws")
     p.add_argument("--json", help="write the summary and the tau path here")

@@ -168,7 +168,7 @@ class Calibration:
         Path(path).write_text(json.dumps({"gate": asdict(self)}, indent=2))
 
 
-EVIDENCE_KEPT = 2000  # an online gate's default window
+EVIDENCE_KEPT = 2000  # up to twice an online gate's default window (1,000)
 
 
 def _losses_and_scores(records, agent, aggregation, k, key="draft"):

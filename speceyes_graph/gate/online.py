@@ -170,7 +170,7 @@ def _separability_of(score: float) -> float:
     return math.log(p / (1 - p)) / DEFAULT_ALPHA
 
 
-DEFAULT_SHADOWS: ShadowPolicy = FlatShadows(0.3)
+DEFAULT_SHADOWS: ShadowPolicy = FlatShadows(0.5)
 """The shadow policy a gate uses unless told otherwise (docs/calibration.md: measured)."""
 
 
@@ -233,7 +233,7 @@ class OnlineGate:
         *,
         tolerance: float = 1.5,
         delta: float = 0.1,
-        window: int = 2000,
+        window: int = 1000,
         tau: float | None = None,
         config: GateConfig | str | Path | None = None,
         evidence: Sequence[tuple[float | None, bool]] | None = None,

@@ -190,7 +190,7 @@ def online_gate(gate: GateConfig) -> OnlineGate:
         config=gate,
         tau=float(env("SPECEYES_GATE_START_TAU", "1.0")),
         evidence=read_evidence(evidence) if evidence else None,
-        window=int(env("SPECEYES_GATE_WINDOW", "2000")),
+        window=int(env("SPECEYES_GATE_WINDOW", "1000")),
         warmup=int(warmup) if warmup else None,
         namespace="speceyes_online",
     )
