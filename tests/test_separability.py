@@ -12,6 +12,7 @@ from speceyes_graph.gate.separability import (
     answer_separability,
     answer_separability_from_logprobs,
     is_accepted,
+    separability_of,
     softmax_confidence,
     softmax_confidence_from_logprobs,
     token_separability,
@@ -233,3 +234,15 @@ def test_a_trailing_end_of_turn_token_is_not_scored():
     assert len(gate.evaluate({"content": [answer[0], unsure_end, answer[1]]})["tokens"]) == 3
     with pytest.raises(SeparabilityError, match="empty answer"):  # nothing but the end
         gate.evaluate({"content": [unsure_end]})
+
+
+def test_separability_of_inverts_the_acceptance_score():
+    """Taus and stored scores live on the acceptance scale; separability_of takes them back
+    (the published 0.98 is separability 6.49 at alpha 0.6), at any alpha, and stays finite
+    at the scale's ends."""
+    for raw in (-12.0, -1.0, 0.0, 2.5, 6.49, 11.0):
+        for alpha in (0.6, 1.0):
+            assert separability_of(acceptance_score(raw, alpha), alpha) == pytest.approx(raw)
+    assert separability_of(0.98) == pytest.approx(6.486, abs=1e-3)
+    assert np.isfinite(separability_of(1.0)) and np.isfinite(separability_of(0.0))
+    assert separability_of(0.0) < 0 < separability_of(1.0)

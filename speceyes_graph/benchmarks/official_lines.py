@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..gate.separability import DEFAULT_ALPHA, DEFAULT_K
+from ..gate.separability import DEFAULT_ALPHA, DEFAULT_K, separability_of
 from ..prompts import option_letters
 from .official import official_rule
 from .scoring import is_correct
@@ -336,7 +336,7 @@ def _score_only_draft(
     if aggregation == "softmax":  # --mode log: the geometric mean of the top-1 probability
         draft["softmax_confidence"], draft["separability"] = score, None
     else:
-        draft["separability"] = math.log(score / (1 - score)) / DEFAULT_ALPHA
+        draft["separability"] = separability_of(score)  # score in (0, 1): checked above
     if accepted and isinstance(line.get("generated_length"), int):
         draft["generated_tokens"] = line["generated_length"]
     return draft

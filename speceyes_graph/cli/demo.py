@@ -128,7 +128,7 @@ def add_commands(sub: Any) -> None:
         type=float,
         default=None,
         help="with --online: the share of accepted drafts shadow-verified (default the "
-        "gate's: 0.3)",
+        "gate's policy)",
     )
     p.add_argument(
         "--engine",

@@ -39,8 +39,8 @@ def cmd_replay_online(args: argparse.Namespace) -> int:
     if args.shadow_margin is not None:
         shadows = MarginShadows(*args.shadow_margin)
     gate = OnlineGate(
-        args.max_risk, shadows, tau=args.tau, config=args.gate, window=args.gate_window,
-        seed=args.seed, store=None, rolling_step=args.rolling,
+        args.max_risk, shadows, tau=args.tau, config=args.gate, seed=args.seed, store=None,
+        rolling_step=args.rolling, **({"window": args.gate_window} if args.gate_window else {}),
     )  # fmt: skip
     log = replay(stream, gate, seed=args.seed)
     summary = summarise(stream, log, args.max_risk, list(gate.taus), window=args.window)
@@ -205,7 +205,9 @@ def add_commands(sub: Any) -> None:
         "--shuffle", type=int, metavar="SEED", help="shuffle the queries within each run"
     )
     p.add_argument("--aggregation", default="min", help="the separability aggregation (min)")
-    p.add_argument("--gate-window", type=int, default=1000, help="queries the gate looks back on")
+    p.add_argument(
+        "--gate-window", type=int, help="queries the gate looks back on (default the gate's)"
+    )
     p.add_argument("--window", type=int, default=500, help="queries per reported risk window")
     p.add_argument("--seed", type=int, default=0, help="seed of the shadow draws")
     p.add_argument("--json", help="write the summary and the tau path here")

@@ -93,7 +93,13 @@ import numpy as np
 
 from .calibration import Calibration, draft_token_depth, raw_draft_score
 from .drift import ScoreDistribution
-from .separability import DEFAULT_ALPHA, DEFAULT_TAU, Aggregation, acceptance_score
+from .separability import (
+    DEFAULT_ALPHA,
+    DEFAULT_TAU,
+    Aggregation,
+    acceptance_score,
+    separability_of,
+)
 
 __all__ = [
     "DEFAULT_MIN_ACCURACY",
@@ -117,7 +123,7 @@ MIN_DELTA_BIC = 10.0
 MIN_ASHMAN_D = 2.0
 MIN_WEIGHT = 0.05
 # the published tau on the separability scale: a lower mode above it is not "unsure drafts"
-UNSURE_BELOW = math.log(DEFAULT_TAU / (1 - DEFAULT_TAU)) / DEFAULT_ALPHA
+UNSURE_BELOW = separability_of(DEFAULT_TAU)
 # the default level of the min_accuracy rule: why this value, in the module docstring
 DEFAULT_MIN_ACCURACY = 0.99
 

@@ -78,7 +78,7 @@ from .bounds import upper_bound
 from .keys import GateKeys, MissingGateKey
 from .ledger import MIN_CHANCE, GateLedger, MemoryLedger, Observation, StoreLedger
 from .rolling import RollingControl
-from .separability import DEFAULT_ALPHA, GateConfig, acceptance_score
+from .separability import GateConfig, acceptance_score, separability_of
 from .shadowing import (
     BudgetShadows,
     FlatShadows,
@@ -92,6 +92,7 @@ from .window import certified_tau, settled, window_risk
 __all__ = [
     "BudgetShadows",
     "DEFAULT_SHADOWS",
+    "DEFAULT_WINDOW",
     "FlatShadows",
     "GateDecision",
     "MarginShadows",
@@ -160,18 +161,16 @@ def read_evidence(path: str | Path) -> list[tuple[float | None, bool]]:
     if scale not in (None, "separability", "acceptance"):
         raise ValueError(f"{path}: evidence_scale is 'separability' or 'acceptance': {scale!r}")
     if scale == "acceptance":
-        out = [(None if s is None else _separability_of(s), y) for s, y in out]
+        out = [(None if s is None else separability_of(s), y) for s, y in out]
     return out
-
-
-def _separability_of(score: float) -> float:
-    """The separability whose acceptance score (at calibrate's alpha) is ``score``."""
-    p = min(max(score, 1e-16), 1 - 1e-16)
-    return math.log(p / (1 - p)) / DEFAULT_ALPHA
 
 
 DEFAULT_SHADOWS: ShadowPolicy = FlatShadows(0.5)
 """The shadow policy a gate uses unless told otherwise (docs/calibration.md: measured)."""
+
+DEFAULT_WINDOW = 1000
+"""How many recent queries a gate's window holds unless told otherwise (measured beside
+the shadow policy: docs/calibration.md)."""
 
 
 class OnlineGate:
@@ -233,7 +232,7 @@ class OnlineGate:
         *,
         tolerance: float = 1.5,
         delta: float = 0.1,
-        window: int = 1000,
+        window: int = DEFAULT_WINDOW,
         tau: float | None = None,
         config: GateConfig | str | Path | None = None,
         evidence: Sequence[tuple[float | None, bool]] | None = None,
@@ -404,7 +403,7 @@ class OnlineGate:
         now = time.time()
         queries = settled(self.ledger.recent(), now, self.shadow_patience_s)
         if self.max_age_s is not None:
-            oldest = time.time() - self.max_age_s
+            oldest = now - self.max_age_s
             queries = [q for q in queries if q.at >= oldest]
         room = self.window - len(queries)
         return (self.seeds[-room:] if room > 0 else []) + queries

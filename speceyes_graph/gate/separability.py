@@ -203,6 +203,14 @@ def acceptance_score(raw: float, alpha: float = DEFAULT_ALPHA) -> float:
     return e / (1.0 + e)
 
 
+def separability_of(score: float, alpha: float = DEFAULT_ALPHA) -> float:
+    """The separability whose acceptance score is ``score``: the inverse of
+    :func:`acceptance_score`, for taus and scores kept on the acceptance scale (0 and 1
+    clamped to stay finite)."""
+    p = min(max(float(score), 1e-16), 1 - 1e-16)
+    return math.log(p / (1 - p)) / alpha
+
+
 def is_accepted(score: float, tau: float = DEFAULT_TAU) -> bool:
     """Accept strictly above tau, as the official code does (exactly tau is rejected)."""
     return bool(score > tau)

@@ -18,8 +18,8 @@ drafts shadowed at one chance are a uniform sample of those accepted at it). Two
 
 Any other policy is a class with ``levels`` and ``chance``. What each costs in acceptance
 and agent calls, and why a low chance has a floor no policy escapes, is measured in
-docs/calibration.md ("Shadow policies"). :class:`ShadowRuns` runs the shadows: bounded threads and queue, off the user's
-path, each run's cost counted.
+docs/calibration.md ("Shadow policies"). :class:`ShadowRuns` runs the shadows: bounded
+threads and queue, off the user's path, each run's cost counted.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .separability import DEFAULT_ALPHA
+from .separability import DEFAULT_ALPHA, separability_of
 
 __all__ = [
     "BudgetShadows",
@@ -131,12 +131,8 @@ class MarginShadows:
         return tuple(sorted({self.near, self.far}, reverse=True))
 
     def chance(self, score: float, tau: float, acceptance: float) -> float:
-        return self.near if _logit(score) - _logit(tau) < self.alpha * self.margin else self.far
-
-
-def _logit(p: float) -> float:
-    p = min(max(p, 1e-16), 1 - 1e-16)
-    return math.log(p / (1 - p))
+        above = separability_of(score, self.alpha) - separability_of(tau, self.alpha)
+        return self.near if above < self.margin else self.far
 
 
 def shadow_policy(spec: float | ShadowPolicy) -> ShadowPolicy:

@@ -53,7 +53,7 @@ import functools
 import os
 from typing import Any
 
-from speceyes_graph.gate.online import OnlineGate, read_evidence
+from speceyes_graph.gate.online import DEFAULT_WINDOW, OnlineGate, read_evidence
 from speceyes_graph.gate.separability import GateConfig
 from speceyes_graph.graph import create_speceyes_graph
 from speceyes_graph.integrations.compose import create_speceyes_chat_graph
@@ -190,7 +190,7 @@ def online_gate(gate: GateConfig) -> OnlineGate:
         config=gate,
         tau=float(env("SPECEYES_GATE_START_TAU", "1.0")),
         evidence=read_evidence(evidence) if evidence else None,
-        window=int(env("SPECEYES_GATE_WINDOW", "1000")),
+        window=int(env("SPECEYES_GATE_WINDOW", str(DEFAULT_WINDOW))),
         warmup=int(warmup) if warmup else None,
         namespace="speceyes_online",
     )
