@@ -18,8 +18,9 @@ estimate is unbiased whatever taus the gate used while the window filled.
 
 **Choosing tau.** From the strictest candidate down (fixed-sequence testing, as in
 :mod:`~speceyes_graph.gate.calibration`'s Learn-then-Test) tau is the most permissive ``t`` whose
-estimated window risk is at most ``max_risk`` and whose exact upper bound (Clopper-Pearson
-per group at level ``delta``, split over the policy's chances) is at most ``tolerance *
+estimated window risk is at most ``max_risk`` and whose exact upper bound (per group, on
+its disagreements given its shadowed sample, drawn without replacement: the hypergeometric
+test inverted, at level ``delta`` split over the policy's chances) is at most ``tolerance *
 max_risk``. With no evidence it starts at 1.0 and accepts nothing for its warm-up
 (``ceil(ln(1/delta) / max_risk)`` queries, all labelled by the agent); a gate file's
 labelled calibration queries (``evidence``) seed the window instead, so it is guarded and
@@ -27,8 +28,8 @@ accepting from its first query.
 
 **What is guaranteed, and under which assumptions.** With probability at least
 ``1 - delta`` over the shadow coins, the risk the chosen tau would have had on the window's
-queries is at most ``tolerance * max_risk`` (exact; conservative for the groups' sampling
-without replacement), if a draft's chance does not depend on its label, shadow runs fail
+queries is at most ``tolerance * max_risk`` (exact given how many of each group were shadowed;
+conservative only by the counts' discreteness), if a draft's chance does not depend on its label, shadow runs fail
 independently of their outcome, and given which drafts the gate accepted. The next queries
 differ from the window by sampling noise and by drift: the gate reacts within about a
 window, and its realised risk, its acceptance against the best fixed tau in hindsight and
@@ -74,7 +75,7 @@ from typing import Any, Literal
 import numpy as np
 from langgraph.store.base import BaseStore
 
-from .bounds import upper_bound
+from .bounds import count_upper_bound, upper_bound
 from .keys import GateKeys, MissingGateKey
 from .ledger import MIN_CHANCE, GateLedger, MemoryLedger, Observation, StoreLedger
 from .rolling import RollingControl
@@ -99,6 +100,7 @@ __all__ = [
     "OnlineGate",
     "ShadowPolicy",
     "ShadowRuns",
+    "count_upper_bound",
     "default_taus",
     "read_evidence",
     "upper_bound",

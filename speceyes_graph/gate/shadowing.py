@@ -112,7 +112,7 @@ class MarginShadows:
     of traffic first shows (``MarginShadows(1.0, 0.3)`` kept the risk within the tolerance
     through every simulated change, for about 0.1 agent calls per query more than the
     default). A low ``far`` saves little: a group shadowed at chance ``far`` cannot be
-    certified below about ``ln(1/delta) / far`` disagreements however few it holds
+    certified below ``ln(1/delta) / -ln(1 - far)`` disagreements however few it holds
     (docs/calibration.md, "Shadow policies")."""
 
     near: float

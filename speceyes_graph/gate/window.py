@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .bounds import upper_bound
+from .bounds import count_upper_bound
 from .ledger import Observation
 
 __all__ = ["certified_tau", "settled", "window_risk"]
@@ -43,9 +43,10 @@ def window_risk(
     """(estimated risk, its exact upper bound) of the window at each candidate in ``taus``:
     rejected drafts' disagreements counted, and for the accepted ones, group by group of
     the chance they were shadowed with, the share of those shadowed that disagreed (a
-    uniform sample of the group: unbiased) and its Clopper-Pearson bound at level
-    ``delta`` split over the groups (at least ``levels``, the chances the policy may
-    give)."""
+    uniform sample of the group: unbiased) and the exact bound on the group's
+    disagreements given that sample (hypergeometric: it was drawn without replacement)
+    at level ``delta`` split over the groups (at least ``levels``, the chances the policy
+    may give)."""
     n = max(len(queries), 1)
 
     def above(scores: list[float]) -> np.ndarray:  # how many exceed each candidate
@@ -65,7 +66,7 @@ def window_risk(
         wrong = above([q.score for q in labelled if q.disagrees])  # type: ignore[misc]
         share = np.divide(wrong, shadowed, out=np.zeros(len(taus)), where=shadowed > 0)
         estimate += accepted * share
-        bound += accepted * upper_bound(wrong, shadowed, split)
+        bound += count_upper_bound(wrong, shadowed, accepted, split)
     return estimate / n, bound / n
 
 
