@@ -58,12 +58,17 @@ _log_factorials = np.zeros(1)
 
 
 def _log_factorial(n: int) -> np.ndarray:
-    """log(k!) for k = 0..n, from a table grown as needed."""
+    """log(k!) for k = 0..n at least, from a table grown as needed. Gates in several threads
+    may grow it at once: each returns the table it read or built (long enough for it), and
+    the shared one is only ever replaced by a longer one."""
     global _log_factorials
-    if len(_log_factorials) <= n:
-        size = max(n + 1, 2 * len(_log_factorials))
-        _log_factorials = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, size)))))
-    return _log_factorials
+    table = _log_factorials
+    if len(table) <= n:
+        size = max(n + 1, 2 * len(table))
+        table = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, size)))))
+        if len(table) > len(_log_factorials):
+            _log_factorials = table
+    return table
 
 
 @functools.lru_cache(maxsize=65536)
