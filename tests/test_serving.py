@@ -504,3 +504,46 @@ def test_a_port_given_to_one_server_is_not_given_to_the_next(monkeypatch):
     monkeypatch.setattr(servers.socket, "socket", Kernel)
     monkeypatch.setattr(servers, "_HANDED_OUT", set(), raising=False)
     assert [servers.free_port("127.0.0.1") for _ in range(3)] == [41001, 41002, 41003]
+
+
+def test_two_threads_picking_ports_at_once_never_share_one(monkeypatch):
+    """Fixtures start servers from several threads; two threads offered the same port by the
+    kernel must not both take it. The handed-out set below holds every check at a barrier,
+    so without the picker's lock both threads see the port as free at once."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from speceyes_graph.models import servers
+
+    offered = iter([41001, 41001, 41002, 41003])
+    offering = threading.Lock()
+    both_checking = threading.Barrier(2, timeout=0.5)
+
+    class Kernel:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            with offering:
+                self.port = next(offered)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    class SlowToCheck(set):
+        def __contains__(self, port):
+            seen = super().__contains__(port)
+            try:
+                both_checking.wait()  # the second thread's check, if it can start, meets this one
+            except threading.BrokenBarrierError:
+                pass  # it could not: the first check timed out alone
+            return seen
+
+    monkeypatch.setattr(servers.socket, "socket", Kernel)
+    monkeypatch.setattr(servers, "_HANDED_OUT", SlowToCheck(), raising=False)
+    with ThreadPoolExecutor(2) as pool:
+        ports = list(pool.map(lambda _: servers.free_port("127.0.0.1"), range(2)))
+    assert sorted(ports) == [41001, 41002]

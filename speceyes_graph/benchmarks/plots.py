@@ -10,7 +10,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..gate.calibration import raw_draft_score
-from ..gate.separability import DEFAULT_ALPHA
+from ..gate.separability import DEFAULT_ALPHA, separability_of
 from .draft_scores import auroc, draft_score
 
 __all__ = ["write_plots"]
@@ -79,7 +79,7 @@ def write_plots(report: dict[str, Any], out: Path) -> list[str]:
         right = [s for s, r in zip(raw, records, strict=True) if r["draft_correct"]]
         wrong = [s for s, r in zip(raw, records, strict=True) if not r["draft_correct"]]
         tau = _gate_tau(report)
-        tau_raw = math.log(tau / (1 - tau)) / DEFAULT_ALPHA
+        tau_raw = separability_of(tau)
         fig, ax = plt.subplots(figsize=(7, 4.5))
         bins = np.linspace(min(min(raw), tau_raw) - 0.5, max(max(raw), tau_raw) + 0.5, 36)
         # matplotlib's stub types bins as Sequence[float]; hist takes any array of edges
@@ -116,7 +116,11 @@ def write_plots(report: dict[str, Any], out: Path) -> list[str]:
             ),
         )
         lo, hi = ax.get_xlim()
-        ticks = [t for t in (0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999) if lo < _logit(t) < hi]
+        ticks = [
+            t
+            for t in (0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)
+            if lo < separability_of(t) < hi
+        ]
         top.set_xticks(ticks, [f"{t:g}" for t in ticks])  # auto ticks crowd near 1
         top.set_xlabel(f"gate score = sigmoid({DEFAULT_ALPHA:g} x separability)", fontsize=9)
         ax.legend(fontsize=8)
@@ -150,11 +154,6 @@ def write_plots(report: dict[str, Any], out: Path) -> list[str]:
         name = plot_online(report["online_gate"], out)
         written += [name] if name else []
     return written
-
-
-def _logit(p: float) -> float:
-    """The separability at which the gate score is ``p``."""
-    return math.log(p / (1 - p)) / DEFAULT_ALPHA
 
 
 def _roc(scores: Sequence[float], labels: Sequence[bool]) -> tuple[list[float], list[float]]:

@@ -195,7 +195,9 @@ def add_commands(sub: Any) -> None:
         help="where tau starts, unguarded for the warm-up (default 1.0: nothing accepted "
         "until the window certifies a tau)",
     )  # fmt: skip
-    p.add_argument("--gate", help="a gate file from `speceyes calibrate`: its evidence seeds the window")
+    p.add_argument(
+        "--gate", help="a gate file from `speceyes calibrate`: its evidence seeds the window"
+    )
     p.add_argument(
         "--rolling", type=float, metavar="STEP",
         help="rolling risk control with this step instead of the window's bound "

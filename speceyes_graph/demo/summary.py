@@ -9,10 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..benchmarks.report import DEFINITIONS, build_report
-from ..gate.separability import DEFAULT_ALPHA
+from ..gate.separability import separability_of
 
 __all__ = [
     "LABELS",
@@ -123,7 +121,7 @@ def demo_summary(report: dict, gate: dict, records: dict[str, list[dict]]) -> di
         "beta": s["beta"],
         "alpha": s["alpha"],
         "tau": tau,
-        "tau_separability": float(np.log(tau / (1 - tau)) / DEFAULT_ALPHA),
+        "tau_separability": separability_of(tau),
         "routes": s["routes"],
         "auroc_separability": gate["sweep"]["auroc"]["separability_min"],
         "auroc_softmax": gate["sweep"]["auroc"]["softmax"],

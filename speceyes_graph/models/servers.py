@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -73,6 +74,7 @@ def find_engine_python(engine: str) -> str:
 
 
 _HANDED_OUT: set[int] = set()  # ports given to servers this process started
+_HANDING_OUT = threading.Lock()  # fixtures start servers from several threads at once
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -84,9 +86,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+        with _HANDING_OUT:  # checking and taking a port is one step, or two threads share it
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
 
 
 class EngineServer:
