@@ -114,6 +114,10 @@ class Draft(TypedDict, total=False):
     gated_at: float
     gate_risk: float | None
     gate_risk_bound: float | None
+    # where the online gate's labels live: "shared" by every worker through the store, or
+    # kept to this "process" (no store, or no SPECEYES_GATE_KEY to sign a shared one's)
+    gate_scope: Literal["shared", "process"]
+    gate_counts: dict[str, int]  # what its tau rests on: window, labelled, disagreeing
     # depth-D speculation (``tool_draft``): the small model's tool loop before the answer
     depth: int  # the tool steps it was allowed (speculation_depth)
     steps: list[AgentStep]  # its turns: model text, tool calls with boxes, latencies

@@ -33,9 +33,11 @@ with PostgresSaver.from_conn_string(sys.argv[1]) as saver:
 with PostgresStore.from_conn_string(sys.argv[1]) as store:
     store.setup()
 """
+GATES = ROOT / "tests" / "served" / "gates.py"  # online gates for the forgery tests (issue 66)
 CONFIG = (
     f'{{"graphs": {{"speceyes": "{SERVE}:graph", "speceyes_chat": "{SERVE}:chat_graph", '
-    f'"speceyes_online": "{SERVE}:online_graph"}}}}'
+    f'"speceyes_online": "{SERVE}:online_graph", "guarded": "{GATES}:guarded", '
+    f'"failing_shadows": "{GATES}:failing_shadows"}}}}'
 )
 # the online gate of the graph "speceyes_online" (tests/test_aegra.py): it moves after a few
 # queries, and shadows half the accepted drafts; its key is new each session

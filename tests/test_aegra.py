@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from forgeries import FORGERIES
 
 pytestmark = [
     pytest.mark.aegra,
@@ -517,3 +518,42 @@ def test_the_cluster_database_holds_no_pixels(cluster, plan):
     history = client.threads.get_history(threads[1], limit=50)
     assert "data:image" not in str(history) and "iVBOR" not in str(history)
     print(f"\nAegra's records holding a pasted image (rows, largest bytes): {others}")
+
+
+# --- issue 66: no client forges the gate's labels through thread state; failing shadows ---
+
+
+@pytest.fixture(scope="module")
+def aegra_client(cluster):
+    """A client of one live instance (the gate's reaction to failing shadows is each
+    worker's own)."""
+    from langgraph_sdk import get_sync_client
+
+    while not cluster.alive():
+        cluster.add()
+    return get_sync_client(url=cluster.url(cluster.alive()[0]))
+
+
+@pytest.fixture(scope="module")
+def gated_query(aegra_client, plan):
+    from forgeries import gated_input
+
+    candidates = [p for thread in plan for g, p, _ in thread if g == "speceyes"][:12]
+    return gated_input(aegra_client, candidates, "guarded")
+
+
+@pytest.mark.parametrize("kind", sorted(FORGERIES))
+def test_no_client_forges_a_gate_label_through_thread_state(aegra_client, gated_query, kind):
+    """Each forgery of issue 66 on Aegra (noop auth, PostgreSQL's store), against
+    ``guarded`` (``tests/served/gates.py``: the demo models, the gate at tau 1.0): the
+    forged run answers and the gate counts nothing from it."""
+    from forgeries import check_forgery
+
+    check_forgery(aegra_client, gated_query, kind, assistant="guarded")
+
+
+def test_when_shadow_runs_fail_the_served_gate_tightens(aegra_client):
+    from forgeries import check_failing_shadows
+    from served.gates import image_url
+
+    check_failing_shadows(aegra_client, image_url())

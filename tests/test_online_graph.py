@@ -236,8 +236,11 @@ def test_workers_sharing_a_store_share_one_gate(scene, shared_store):
     out = graphs[1].invoke(query(scene, 99, 9.0))
     assert out["route"] == "rejected-agentic" and out["draft"]["tau"] > 0.9955
     assert gates[1].ledger.shared and len(gates[1].ledger.recent()) == 41
-    items = shared_store.search(("speceyes", "online_gate", "default"), limit=1000)
-    assert len(items) == 41  # one per query, both workers' together
+    namespace = ("speceyes", "online_gate", "default")
+    items = shared_store.search(namespace, limit=1000)
+    entries = [i for i in items if tuple(i.namespace) == namespace]
+    assert len(entries) == 41  # one per query, both workers' together
+    assert {tuple(i.namespace) for i in items} == {namespace, (*namespace, "workers")}
 
 
 def test_a_store_that_fails_loses_labels_not_answers(scene):
@@ -322,7 +325,9 @@ def test_a_store_ledger_keeps_the_last_window_and_prunes_what_no_window_holds(sh
     for ledger in (a, b):
         assert [o.at for o in ledger.recent()] == [t0 + i for i in range(20, 30)]
     left = shared_store.search(("t", "ledger"), limit=100)
-    assert len(left) == 10  # the first to read pruned what fell out of the window
+    assert len([i for i in left if tuple(i.namespace) == ("t", "ledger")]) == 10  # pruned
+    beats = [i.key for i in left if tuple(i.namespace) == ("t", "ledger", "workers")]
+    assert sorted(beats) == sorted([a.worker, b.worker])  # each one's sign of life
     a.record("k30", Observation(t0 + 30, 0.99, True, True, None))
     a.record("k21", Observation(t0 + 21, 0.99, True, True, False))  # a label arriving late
     assert b.sync()

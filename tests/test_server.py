@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from forgeries import FORGERIES, check_failing_shadows, check_forgery
 
 from speceyes_graph.models.servers import free_port  # never hands a port out twice
 
@@ -25,6 +26,9 @@ pytestmark = pytest.mark.server
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is the color of the object?"
+
+
+LOGS: dict[str, Path] = {}  # each server's log, by its URL
 
 
 def dev_server(tmp_path_factory, *args, **settings):
@@ -42,6 +46,7 @@ def dev_server(tmp_path_factory, *args, **settings):
         **settings,
     )
     log = open(tmp_path_factory.mktemp("log") / "server.log", "w+")
+    LOGS[f"http://127.0.0.1:{port}"] = Path(log.name)
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "langgraph_cli", "dev", "--port", str(port),
@@ -453,3 +458,97 @@ def test_the_servers_job_limit_bounds_a_local_models_batches(wide_server, server
     wide = concurrent_draft_batches(wide_server, scenes, 32)
     assert max(default) == 1, default
     assert max(wide) > 10, wide
+
+
+# --- issue 66: the thread API cannot forge the online gate's labels; threads have owners ---
+
+
+@pytest.fixture(scope="module")
+def owned_server(tmp_path_factory):
+    """``speceyes_online`` and the example graph behind the shipped rules over identities
+    (``tests/served/owner_auth.py``: an ``x-user`` header), the gate shared through the
+    store with a key, starting at tau 1.0: every draft is rejected and labelled within its
+    run, so what the gate counts is exact."""
+    yield from dev_server(
+        tmp_path_factory, "--config", "tests/served/langgraph.json",
+        SPECEYES_GATE_KEY=GATE_KEY, SPECEYES_GATE_START_TAU="1.0",
+    )  # fmt: skip
+
+
+def client_of(url: str, user: str):
+    from langgraph_sdk import get_sync_client
+
+    return get_sync_client(url=url, headers={"x-user": user})
+
+
+def gated(scenes) -> dict:
+    """A query the judge sends to the draft (so it meets the gate)."""
+    return next(inputs for inputs, expected in scenes if expected["route"] != "judged-agentic")
+
+
+@pytest.mark.parametrize("kind", sorted(FORGERIES))
+def test_no_client_forges_a_gate_label_through_thread_state(owned_server, scenes, kind):
+    """Each forgery of issue 66 through ``langgraph_sdk``, on the client's own thread: the
+    forged run answers, and the gate counts nothing from it (before: one label per forged
+    run, signed with the deployment's key, or the real query's label rewritten)."""
+    check_forgery(client_of(owned_server, "mallory"), gated(scenes), kind)
+
+
+def test_when_shadow_runs_fail_the_served_gate_tightens(owned_server):
+    """The failing shadows of issue 66 through ``langgraph_sdk``: ``failing_shadows``
+    accepts what its working shadows confirmed, then stops within a few accepted drafts
+    once its shadow runs fail (before: all 30 accepted)."""
+    from served.gates import image_url
+
+    check_failing_shadows(client_of(owned_server, "mallory"), image_url())
+
+
+def test_threads_belong_to_whoever_made_them(owned_server):
+    """Under the shipped rules with identities, one caller's threads, their state, history
+    and runs are invisible and unwritable to another (404), searches list only the caller's
+    own, and a thread made with another owner named in its metadata is the maker's."""
+    import httpx
+    from langgraph_sdk.errors import APIStatusError
+
+    alice, bob = client_of(owned_server, "alice"), client_of(owned_server, "bob")
+    thread = alice.threads.create(metadata={"owner": "bob"})["thread_id"]
+    out = alice.runs.wait(
+        thread, "speceyes_example", input={"question": "What colour?", "images": []}
+    )
+    assert out is not None
+    assert alice.threads.get(thread)["metadata"]["owner"] == "alice"
+    assert thread in {t["thread_id"] for t in alice.threads.search(limit=100)}
+    assert thread not in {t["thread_id"] for t in bob.threads.search(limit=100)}
+    refused = 0
+    attempts = [
+        lambda: bob.threads.get(thread),
+        lambda: bob.threads.get_state(thread),
+        lambda: bob.threads.get_history(thread),
+        lambda: bob.threads.update_state(thread, {"route": "rejected-agentic"}, as_node="gate"),
+        lambda: bob.runs.wait(thread, "speceyes_example", input=None),
+        lambda: bob.threads.delete(thread),
+    ]
+    for attempt in attempts:
+        try:
+            attempt()
+        except (APIStatusError, httpx.HTTPStatusError) as exc:  # runs.wait raises httpx's
+            assert exc.response.status_code in (403, 404), exc
+            refused += 1
+    assert refused == len(attempts)
+    assert alice.threads.get(thread)["thread_id"] == thread  # still there, still hers
+
+
+def test_a_server_without_a_gate_key_says_so_when_the_graph_loads(wide_server, server, scenes):
+    """``wide_server`` has no ``SPECEYES_GATE_KEY``: its log says so before any run, and
+    each online answer's draft says its gate is this process's; ``server`` has one: shared."""
+    from langgraph_sdk import get_sync_client
+
+    assert "SPECEYES_GATE_KEY is not set" in LOGS[wide_server].read_text()
+    assert "SPECEYES_GATE_KEY is not set" not in LOGS[server].read_text()
+    inputs = gated(scenes)
+    for url, scope in ((wide_server, "process"), (server, "shared")):
+        client = get_sync_client(url=url)
+        out = client.runs.wait(
+            client.threads.create()["thread_id"], "speceyes_online", input=inputs
+        )
+        assert out["draft"]["gate_scope"] == scope

@@ -33,9 +33,10 @@ from __future__ import annotations
 import math
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from langgraph.store.base import BaseStore
@@ -51,7 +52,7 @@ __all__ = [
     "read_entry",
 ]
 
-ENTRY_VERSION = 2  # 2: each entry keeps its shadow chance (entries of 1 are skipped)
+ENTRY_VERSION = 3  # 3: the worker holding its shadow run; 2: its chance (older are skipped)
 MIN_CHANCE = 0.01  # a shadow chance below this is not one a gate gives (weights up to 100)
 CLOCK_SKEW_S = 300.0  # how far ahead of this worker's clock another's entry may be dated
 
@@ -69,6 +70,7 @@ class Observation:
     # the chance it was shadowed, drawn before its coin (accepted drafts; 1.0 for the rest,
     # whose label comes with the agent's run): the estimate weighs its label by 1 / chance
     chance: float = 1.0
+    by: str = ""  # the worker that wrote it (and runs its shadow): "" in one process
 
 
 class GateLedger(Protocol):
@@ -86,6 +88,8 @@ class GateLedger(Protocol):
     def sync(self) -> bool: ...  # read others' writes; True if anything changed
 
     def trouble(self) -> str | None: ...  # why its evidence cannot be vouched for now
+
+    def alive(self, worker: str) -> bool: ...  # whether a worker's shadows may still land
 
 
 class _Window:
@@ -144,6 +148,9 @@ class MemoryLedger:
     def trouble(self) -> str | None:
         return None
 
+    def alive(self, worker: str) -> bool:
+        return True
+
 
 def entry_fields(observation: Observation) -> dict[str, Any]:
     """What an entry holds besides its signature (what the signature covers)."""
@@ -157,6 +164,7 @@ def entry_fields(observation: Observation) -> dict[str, Any]:
         "disagrees": o.disagrees,
         "failed": o.failed,
         "chance": float(o.chance),
+        "by": o.by,
     }
 
 
@@ -177,8 +185,11 @@ def read_entry(
     at, score, chance = (_number(value.get(f)) for f in ("at", "score", "chance"))
     accepted, shadowed, failed = (_flag(value.get(f)) for f in ("accepted", "shadowed", "failed"))
     disagrees = _flag(value.get("disagrees"))
+    by = value.get("by")
     if (
-        at is None
+        not isinstance(by, str)
+        or len(by) > 64
+        or at is None
         or chance is None
         or (score is None and value.get("score") is not None)
         or accepted is None
@@ -187,7 +198,7 @@ def read_entry(
         or (disagrees is None and value.get("disagrees") is not None)
     ):
         return "malformed"
-    observation = Observation(at, score, accepted, shadowed, disagrees, failed, chance)
+    observation = Observation(at, score, accepted, shadowed, disagrees, failed, chance, by)
     o = observation
     if (
         o.at <= 0
@@ -218,6 +229,19 @@ def _flag(x: object) -> bool | None:
     return x if type(x) is bool else None
 
 
+def _beat_of(
+    value: object, namespace: Sequence[str], worker: str, keys: GateKeys, now: float
+) -> float | None:
+    """A worker's signed sign of life: when it was, or None (unsigned, malformed, future)."""
+    if not isinstance(value, Mapping) or type(value.get("v")) is not int:
+        return None
+    at = _number(value.get("at"))
+    fields = {"v": value["v"], "at": at}
+    if at is None or at > now + CLOCK_SKEW_S or len(worker) > 64:
+        return None
+    return at if keys.verify(namespace, worker, fields, value.get("mac")) else None
+
+
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]
 
@@ -238,6 +262,9 @@ class StoreLedger(MemoryLedger):
         max_entries: a namespace holding more than this (default four windows) is not read
             to the end: the read fails (and the gate tightens) rather than take unbounded
             time, or trust a part of it.
+        beat_s: how often a worker signs a sign of life beside its entries (on a read or a
+            write, at most this often); a worker silent for three of these is taken for
+            dead, and its shadows still in flight stop holding back the fleet's window.
     """
 
     shared = True
@@ -253,8 +280,13 @@ class StoreLedger(MemoryLedger):
         sync_s: float = 1.0,
         stale_s: float | None = None,
         max_entries: int | None = None,
+        beat_s: float = 10.0,
     ) -> None:
         super().__init__(window)
+        self.worker = uuid.uuid4().hex[:16]
+        self.beat_s = beat_s
+        self._beat_at = 0.0  # when this worker last signed its sign of life
+        self._beats: dict[str, float] = {}  # every worker's last sign of life, as last read
         self.store, self.namespace, self.keys = store, tuple(namespace), keys
         self.sync_s = sync_s
         self.stale_s = max(60.0, 30 * sync_s) if stale_s is None else stale_s
@@ -267,7 +299,30 @@ class StoreLedger(MemoryLedger):
         self._written: dict[str, Observation] | None = None  # recorded while a read runs
         self._sync_lock = threading.Lock()
 
+    @property
+    def _workers(self) -> tuple[str, ...]:
+        return (*self.namespace, "workers")
+
+    def alive(self, worker: str) -> bool:
+        if worker in ("", self.worker):
+            return True
+        return time.time() - self._beats.get(worker, -math.inf) < 3 * self.beat_s
+
+    def _beat(self) -> None:
+        """Sign this worker's sign of life, if due (a failed write: the next one tries)."""
+        now = time.time()
+        if now - self._beat_at < self.beat_s:
+            return
+        self._beat_at = now
+        fields = {"v": ENTRY_VERSION, "at": now}
+        value = {**fields, "mac": self.keys.sign(self._workers, self.worker, fields)}
+        try:
+            self.store.put(self._workers, self.worker, value, index=False)
+        except Exception:
+            self._beat_at = 0.0
+
     def record(self, key: str, observation: Observation) -> None:
+        observation = replace(observation, by=self.worker)
         fields = entry_fields(observation)
         value = {**fields, "mac": self.keys.sign(self.namespace, key, fields)}
         try:
@@ -281,6 +336,7 @@ class StoreLedger(MemoryLedger):
                 self._written[key] = observation
             if self._window.put(key, observation):
                 self._window.trim()
+        self._beat()
 
     def stale(self) -> bool:
         return time.time() - self._synced_at >= self.sync_s
@@ -318,6 +374,7 @@ class StoreLedger(MemoryLedger):
             self.skipped = dict(skipped)
             self._read_error, self._read_at = None, started
             self._prune(fell_out)
+            self._beat()
             return changed
         finally:
             with self._lock:
@@ -342,7 +399,13 @@ class StoreLedger(MemoryLedger):
         found: dict[str, Observation] = {}
         skipped: Counter[str] = Counter()
         verified: dict[str, tuple[object, Observation | str]] = {}
+        beats: dict[str, float] = {}
         for item in items:
+            if tuple(item.namespace) == self._workers:
+                at = _beat_of(item.value, self._workers, item.key, self.keys, now)
+                if at is not None:
+                    beats[item.key] = at
+                continue
             if tuple(item.namespace) != self.namespace:
                 continue  # a deeper namespace under ours: not the gate's
             seen = self._verified.get(item.key)
@@ -358,12 +421,16 @@ class StoreLedger(MemoryLedger):
             else:
                 skipped[checked] += 1
         self._verified = verified
+        self._beats = beats
         return found, skipped
 
     def _prune(self, keys: list[str]) -> None:
-        """Delete entries no worker's window holds any more (the oldest valid ones)."""
-        for key in keys[: self.PAGE]:
+        """Delete entries no worker's window holds any more (the oldest valid ones), and the
+        signs of life of workers gone for an hour."""
+        gone = [w for w, at in self._beats.items() if time.time() - at > 3600]
+        doomed = [(self.namespace, k) for k in keys] + [(self._workers, w) for w in gone]
+        for namespace, key in doomed[: self.PAGE]:
             try:
-                self.store.delete(self.namespace, key)
+                self.store.delete(namespace, key)
             except Exception:  # the next read tries again
                 return

@@ -83,6 +83,7 @@ from .separability import GateConfig, acceptance_score, separability_of
 from .shadowing import (
     BudgetShadows,
     FlatShadows,
+    LabelFlow,
     MarginShadows,
     ShadowPolicy,
     ShadowRuns,
@@ -96,6 +97,7 @@ __all__ = [
     "DEFAULT_WINDOW",
     "FlatShadows",
     "GateDecision",
+    "LabelFlow",
     "MarginShadows",
     "OnlineGate",
     "ShadowPolicy",
@@ -122,7 +124,9 @@ class GateDecision:
     """What the gate said for one draft: accepted at ``tau``, and shadowed (the agent runs
     on it anyway, off the user's path, to label it) with chance ``chance``; ``at``: when
     (it orders the gate's window); ``risk`` and ``risk_bound``: the window's estimated risk
-    at ``tau`` and its exact upper bound then (None while it has too few queries)."""
+    at ``tau`` and its exact upper bound then (None while it has too few queries);
+    ``probe``: rejected while shadows fail, and shadowed to see whether they work again
+    (:class:`~speceyes_graph.gate.shadowing.LabelFlow`)."""
 
     accepted: bool
     shadowed: bool
@@ -131,6 +135,7 @@ class GateDecision:
     risk: float | None = None
     risk_bound: float | None = None
     chance: float = 1.0
+    probe: bool = False
 
 
 def read_evidence(path: str | Path) -> list[tuple[float | None, bool]]:
@@ -223,6 +228,11 @@ class OnlineGate:
             risk control instead (:mod:`~speceyes_graph.gate.rolling`, the long-run
             alternative), moving this many candidates per unit of loss, from where the
             window (its evidence) puts tau; each worker moves its own.
+        shadow_stretch, shadow_loss: more than ``shadow_loss`` of this worker's last
+            ``shadow_stretch`` shadows giving no label (their runs failed, or they were
+            dropped while no run labelled for a minute) is trouble: tau at least
+            ``outage_tau`` until probes show labels flow again
+            (:class:`~speceyes_graph.gate.shadowing.LabelFlow`).
 
     Thread-safe: one gate serves every query of a process.
     """
@@ -251,6 +261,8 @@ class OnlineGate:
         max_age_s: float | None = 7 * 86400.0,
         shadow_patience_s: float = 300.0,
         rolling_step: float | None = None,
+        shadow_stretch: int = 10,
+        shadow_loss: float = 0.5,
     ) -> None:
         if not 0 < max_risk < 1:
             raise ValueError(f"max_risk must be in (0, 1), got {max_risk}")
@@ -289,6 +301,8 @@ class OnlineGate:
         self.risk: float | None = None  # the window's estimate at tau, and its bound
         self.risk_bound: float | None = None
         self.acceptance = 0.0  # the share of the window's queries accepted (for shadowing)
+        # what tau rests on: the window's queries, its labelled drafts, those disagreeing
+        self.counts = {"window": 0, "labelled": 0, "disagreeing": 0}
         self.trouble: str | None = None  # why the gate is tightened now, if it is
         self.refused: str | None = None  # why it keeps to this process's memory, if it does
         self.seen = 0  # observations this process made
@@ -301,6 +315,8 @@ class OnlineGate:
             self._store_ledger(store) if isinstance(store, BaseStore) else MemoryLedger(window)
         )
         self.shadows = ShadowRuns(shadow_concurrency, shadow_queue)
+        self.label_flow = LabelFlow(shadow_stretch, shadow_loss)
+        self.certified = self.tau  # the window's tau before any tightening
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.rolling: RollingControl | None = None
@@ -308,6 +324,12 @@ class OnlineGate:
             self._refit()
         if rolling_step is not None:
             self.rolling = RollingControl(list(self.taus), max_risk, rolling_step, start=self.tau)
+
+    @property
+    def scope(self) -> Literal["shared", "process"]:
+        """Where its labels live: ``"shared"`` by every worker through the store, or kept
+        to this ``"process"`` (no store, or no key to sign a shared one's entries)."""
+        return "shared" if self.ledger.shared else "process"
 
     @property
     def shadow_rate(self) -> float:
@@ -357,13 +379,26 @@ class OnlineGate:
         with self._lock:
             tau, risk, bound = self.tau, self.risk, self.risk_bound
             accepted = score is not None and score > tau
+            # while shadows fail, a draft the window would have accepted is a probe
+            probing = not accepted and score is not None and score > self.certified
+            probing = probing and self.label_flow.trouble() is not None
             chance = 1.0
-            if accepted:
+            if accepted or probing:
                 assert score is not None
-                chance = self.shadow.chance(score, tau, self.acceptance)
+                chance = self.shadow.chance(score, self.certified, self.acceptance)
                 chance = min(1.0, max(MIN_CHANCE, float(chance)))
-            shadowed = accepted and self._rng.random() < chance
-        return GateDecision(accepted, shadowed, tau, time.time(), risk, bound, chance)
+            coin = (accepted or probing) and self._rng.random() < chance
+            if not accepted:
+                chance = 1.0
+        return GateDecision(
+            accepted, accepted and coin, tau, time.time(), risk, bound, chance, probing and coin
+        )
+
+    def shadow_outcome(self, labelled: bool | None) -> None:
+        """A shadow gave its label (True), its run failed (False), or it was dropped for want
+        of room (None); moves tau (:class:`~speceyes_graph.gate.shadowing.LabelFlow`)."""
+        self.label_flow.add(labelled)
+        self._refit()
 
     def observe(
         self,
@@ -403,7 +438,7 @@ class OnlineGate:
     def _evidence(self) -> list[Observation]:
         """The window as it counts: settled, and no older than ``max_age_s``."""
         now = time.time()
-        queries = settled(self.ledger.recent(), now, self.shadow_patience_s)
+        queries = settled(self.ledger.recent(), now, self.shadow_patience_s, self.ledger.alive)
         if self.max_age_s is not None:
             oldest = now - self.max_age_s
             queries = [q for q in queries if q.at >= oldest]
@@ -412,9 +447,12 @@ class OnlineGate:
 
     def _refit(self) -> None:
         recent = self._evidence()
-        trouble = self.ledger.trouble()
+        trouble = self.ledger.trouble() or self.label_flow.trouble()
         tau, estimate, bound = self.start_tau, None, None
+        certified = tau
         acceptance = sum(q.accepted for q in recent) / len(recent) if recent else 0.0
+        labelled = [q.disagrees for q in recent if q.score is not None and q.disagrees is not None]
+        counts = {"window": len(recent), "labelled": len(labelled), "disagreeing": sum(labelled)}
         if self.rolling is not None or len(recent) >= self.warmup:
             estimates, bounds = self._bounds(recent)
             tau = (
@@ -423,6 +461,7 @@ class OnlineGate:
                 if self.rolling is None
                 else self.rolling.tau
             )  # fmt: skip
+            certified = tau
             if trouble is not None:  # fail safe: no permissive tau without live evidence
                 tau = max(tau, self.outage_tau)
             at = int(np.searchsorted(-self.taus, -tau))  # taus run from 1.0 down
@@ -433,10 +472,10 @@ class OnlineGate:
         with self._lock:
             before, self.trouble = self.trouble, trouble
             self.tau, self.risk, self.risk_bound = tau, estimate, bound
-            self.acceptance = acceptance
+            self.certified, self.acceptance, self.counts = certified, acceptance, counts
         if trouble != before:
             if trouble is None:
-                log.info("online gate %r reads and writes its labels again", self.namespace)
+                log.info("online gate %r is no longer tightened: its labels flow", self.namespace)
             elif before is None:
                 log.warning(
                     "online gate %r tightened to tau >= %s: %s",
@@ -460,7 +499,8 @@ class OnlineGate:
             "start_tau": self.start_tau,
             "seen": self.seen,
             "window": len(queries),
-            "pending": len(queries) - len(settled(queries, time.time(), self.shadow_patience_s)),
+            "pending": len(queries)
+            - len(settled(queries, time.time(), self.shadow_patience_s, self.ledger.alive)),
             "labelled": sum(q.disagrees is not None for q in queries if q.score is not None),
             "shadowed": sum(q.accepted and q.disagrees is not None for q in queries),
             "agent_failures": sum(q.failed for q in queries),
@@ -471,10 +511,12 @@ class OnlineGate:
             "acceptance": self.acceptance,
             "seeded": len(self.seeds),
             "shared": self.ledger.shared,
+            "scope": self.scope,
             "skipped": dict(self.ledger.skipped),
             "trouble": self.trouble,
             "tightened": self.trouble is not None,
             "refused": self.refused,
             "shadow_runs": self.shadows.stats(),
+            "label_flow": self.label_flow.stats(),
             "rolling_loss": None if self.rolling is None else self.rolling.average_loss(),
         }

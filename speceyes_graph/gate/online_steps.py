@@ -8,15 +8,28 @@ nodes when it was built with ``gate=OnlineGate(...)``, and
 the store's I/O runs in a worker thread under ``ainvoke``/the server and in place under
 ``invoke``. A label is never allowed to fail its query: a failed write is logged and the
 query's answer stands (the gate has one observation fewer).
+
+**A label counts only for a decision the gate made, once.** A server lets any client write
+a thread's state (``update_state`` as any node, ``Command(update=...)``, a run forked from
+an old checkpoint, the input itself), and see every thread's. So nothing the gate counts is
+read from state: the draft the gate decides on is the one this process's ``speculate`` made
+in the same run (bound to the run with :meth:`OnlineSteps.drafted`), the decision and the
+draft's text and options stay in this process (:class:`OpenDecisions`), and the label is
+recorded once, by the same run, under the run's key: the server's run id from the run's
+own config (LangGraph's servers and Aegra set it; a client cannot), not the state's
+``gate_key``. A run handed a draft it did not make still answers (the agent runs); it
+earns no label. A run redelivered to another worker after its first died loses its label
+too: the decision stayed with the dead worker.
 """
 
 from __future__ import annotations
 
 import logging
-import time
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from langgraph.store.base import BaseStore
@@ -26,9 +39,49 @@ from ..effects import Blocking, Steps
 from ..state import Draft
 from .online import GateDecision, OnlineGate
 
-__all__ = ["OnlineSteps"]
+__all__ = ["OpenDecisions", "OnlineSteps"]
 
 log = logging.getLogger(__name__)
+
+UNBOUND = "not gated online: this run did not make this draft (state written from outside, or a resumed, forked or redelivered run); the agent answers and no label is taken"
+
+
+@dataclass
+class _Open:
+    """A run's draft as its own speculate node made it, and later the gate's decision."""
+
+    score: float | None
+    text: str | None
+    options: Any
+    decision: GateDecision | None = None
+
+
+class OpenDecisions:
+    """The drafts and decisions of runs still under way in this process, by run key:
+    bounded (a run that never comes back for its entry, a failed or abandoned one, must
+    not grow a worker's memory), each taken once."""
+
+    def __init__(self, most: int = 10_000) -> None:
+        self.most = most
+        self._items: OrderedDict[str, _Open] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, key: str, entry: _Open) -> None:
+        with self._lock:
+            self._items[key] = entry
+            while len(self._items) > self.most:
+                self._items.popitem(last=False)
+
+    def get(self, key: str) -> _Open | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def pop(self, key: str) -> _Open | None:
+        with self._lock:
+            return self._items.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 class OnlineSteps:
@@ -41,20 +94,30 @@ class OnlineSteps:
 
     def __init__(self, gate: OnlineGate, shadow: Callable[[Mapping[str, Any], Draft], str | None]):
         self.gate, self.shadow = gate, shadow
+        self.open = OpenDecisions()
 
     @staticmethod
     def key(config: Mapping[str, Any], overrides: Mapping[str, Any], mode: str) -> str | None:
-        """The query's key in the ledger, or None when the online gate does not gate it (a
-        baseline mode, or a run whose context sets its own ``tau``). A served run's id and
-        the graph's place in its parent (stable when an engine redelivers the run), else a
-        fresh id."""
+        """The query's key at intake, or None when the online gate does not gate it (a
+        baseline mode, or a run whose context sets its own ``tau``): :meth:`run_key`, with a
+        fresh id as the nonce of a run no server gave an id."""
         if mode != "speceyes" or "tau" in overrides:
             return None
+        return OnlineSteps.run_key(config, uuid.uuid4().hex)
+
+    @staticmethod
+    def run_key(config: Mapping[str, Any], nonce: str | None) -> str | None:
+        """The run's key in the ledger, the same in each node of the run: the server's run
+        id (``configurable.run_id``, which LangGraph's servers and Aegra set whatever the
+        client sent; stable when an engine redelivers the run) and the graph's place in its
+        parent (``checkpoint_ns`` without the node's own task). A run without one (a graph
+        invoked in process) is known by ``nonce``, the id its intake drew."""
         configurable = config.get("configurable") or {}
-        run_id = configurable.get("run_id") or (config.get("metadata") or {}).get("run_id")
+        run_id = configurable.get("run_id")
         if not run_id:
-            return uuid.uuid4().hex
-        return f"{run_id}|{configurable.get('checkpoint_ns', '')}"
+            return nonce
+        parent = str(configurable.get("checkpoint_ns") or "").rpartition("|")[0]
+        return f"{run_id}|{parent}"
 
     def _record(
         self,
@@ -76,20 +139,36 @@ class OnlineSteps:
         self.gate.bind(store)
         yield Blocking(self._record, (None, None, None, key))
 
-    def decide(self, state: Mapping[str, Any], draft: Draft, store: BaseStore | None) -> Steps:
-        """Gate a tool-free draft at the online tau; returns the draft with the tau it met
-        and whether it was shadowed. An accepted draft is observed now (a shadowed one's
-        label replaces the entry when its shadow run ends); a rejected one's label comes
-        with the agent's answer (:meth:`rejected`)."""
-        key = state.get("gate_key")
-        if key is None:
-            return draft
+    def drafted(self, key: str | None, draft: Draft, query: Mapping[str, Any] | None) -> None:
+        """Bind the draft this run's speculate node made (its score, text and the query's
+        options) to the run: the gate decides only on it, and labels only it."""
+        if key is not None:
+            options = (query or {}).get("options")
+            self.open.put(key, _Open(_gated_score(draft), draft.get("text"), options))
+
+    def decide(
+        self, key: str | None, state: Mapping[str, Any], draft: Draft, store: BaseStore | None
+    ) -> Steps:
+        """Gate a tool-free draft at the online tau; returns the draft with the tau it met,
+        whether it was shadowed and whether the gate is shared. An accepted draft is
+        observed now (a shadowed one's label replaces the entry when its shadow run ends); a
+        rejected one's label comes with the agent's answer (:meth:`rejected`). A draft this
+        run did not make is rejected without a decision: the agent answers, no label."""
         gate = self.gate
+        bound = self.open.get(key) if key is not None else None
+        if (
+            key is None
+            or bound is None
+            or bound.decision is not None
+            or bound.score != _gated_score(draft)
+            or bound.text != draft.get("text")
+        ):
+            return {**draft, "accepted": False, "note": UNBOUND, "gate_scope": gate.scope}
         gate.bind(store)
         if gate.stale():
             yield Blocking(gate.refresh)  # never raises: a failed read tightens the gate
-        score = _gated_score(draft)
-        decision = gate.decide(score)
+        score = bound.score
+        decision = bound.decision = gate.decide(score)
         gated: Draft = {
             **draft,
             "accepted": decision.accepted,
@@ -98,37 +177,51 @@ class OnlineSteps:
             "gated_at": decision.at,
             "gate_risk": decision.risk,
             "gate_risk_bound": decision.risk_bound,
+            "gate_scope": gate.scope,
+            "gate_counts": dict(gate.counts),
         }
         if decision.accepted:
+            self.open.pop(key)  # its label, if any, comes from the shadow run alone
             yield Blocking(self._record, (decision, score, None, key))
-        if decision.shadowed:
-            query = state["query"]
-
-            def verify() -> bool:
-                answer = self.shadow(state, gated)
-                return not answers_agree(gated.get("text"), answer, query.get("options"))
-
-            def done(label: bool | None) -> None:
-                if label is None:  # failed or dropped: an accepted draft without a label
-                    self._record(replace(decision, shadowed=False), score, None, key)
-                else:
-                    self._record(decision, score, label, key)
-
-            yield Blocking(gate.shadows.submit, (verify, done))  # a dropped one records at once
+        if decision.shadowed or decision.probe:
+            yield Blocking(gate.shadows.submit, self._shadow(key, state, gated, decision))
         return gated
 
-    def rejected(self, state: Mapping[str, Any], answer: str | None, failed: bool) -> Steps:
-        """The label of a draft the gate rejected: whether it disagrees with the agent's
-        answer. An agent that failed gives no agreement: the draft counts as disagreeing
-        (an outage of the agent must not teach the gate that low-scored drafts are right)."""
-        key, draft = state.get("gate_key"), state.get("draft") or {}
-        if key is None or "tau" not in draft:
-            return
-        decision = GateDecision(False, False, draft["tau"], draft.get("gated_at") or time.time())
-        score = _gated_score(draft)
+    def _shadow(
+        self, key: str, state: Mapping[str, Any], gated: Draft, decision: GateDecision
+    ) -> tuple[Callable[[], bool], Callable[[bool | None, bool], None]]:
+        """A shadow run's work and what its label does: the label of an accepted draft, or
+        for a probe (a rejected draft shadowed while shadows fail, to see whether they work
+        again) only whether a label came."""
         options = (state.get("query") or {}).get("options")
-        label = True if failed else not answers_agree(draft.get("text"), answer, options)
-        yield Blocking(self._record, (decision, score, label, key, failed))
+        score = _gated_score(gated)
+
+        def verify() -> bool:
+            answer = self.shadow(state, gated)
+            return not answers_agree(gated.get("text"), answer, options)
+
+        def done(label: bool | None, dropped: bool) -> None:
+            self.gate.shadow_outcome(None if dropped else label is not None)
+            if decision.probe:
+                return  # the rejected draft's label comes with the user's agent run
+            if label is None:  # failed or dropped: an accepted draft without a label
+                self._record(replace(decision, shadowed=False), score, None, key)
+            else:
+                self._record(decision, score, label, key)
+
+        return verify, done
+
+    def rejected(self, key: str | None, answer: str | None, failed: bool) -> Steps:
+        """The label of a draft the gate rejected in this run: whether it disagrees with
+        the agent's answer. An agent that failed gives no agreement: the draft counts as
+        disagreeing (an outage of the agent must not teach the gate that low-scored drafts
+        are right). Once: the run's decision is taken with its label."""
+        bound = self.open.pop(key) if key is not None else None
+        if key is None or bound is None or bound.decision is None or bound.decision.accepted:
+            return
+        decision = bound.decision
+        label = True if failed else not answers_agree(bound.text, answer, bound.options)
+        yield Blocking(self._record, (decision, bound.score, label, key, failed))
 
 
 def _gated_score(draft: Mapping[str, Any]) -> float | None:

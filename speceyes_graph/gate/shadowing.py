@@ -28,6 +28,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
@@ -39,6 +40,7 @@ from .separability import DEFAULT_ALPHA, separability_of
 __all__ = [
     "BudgetShadows",
     "FlatShadows",
+    "LabelFlow",
     "MarginShadows",
     "ShadowPolicy",
     "ShadowRuns",
@@ -161,13 +163,14 @@ class ShadowRuns:
         self.counts = {"started": 0, "labelled": 0, "failed": 0, "dropped": 0}
         self.seconds = 0.0
 
-    def submit(self, run: Callable[[], bool], done: Callable[[bool | None], None]) -> bool:
-        """Start ``run`` (it returns whether the draft disagrees); ``done`` gets its label,
-        or None when it failed. False: no room, the shadow was dropped."""
+    def submit(self, run: Callable[[], bool], done: Callable[[bool | None, bool], None]) -> bool:
+        """Start ``run`` (it returns whether the draft disagrees); ``done`` gets its label
+        (None when it failed) and whether it was dropped. False: no room, the shadow was
+        dropped (``done(None, True)`` at once)."""
         if not self._slots.acquire(blocking=False):
             with self._lock:
                 self.counts["dropped"] += 1
-            done(None)
+            done(None, True)
             return False
         with self._lock:
             if self._pool is None:
@@ -178,7 +181,7 @@ class ShadowRuns:
         future.add_done_callback(self._finished)
         return True
 
-    def _run(self, run: Callable[[], bool], done: Callable[[bool | None], None]) -> None:
+    def _run(self, run: Callable[[], bool], done: Callable[[bool | None, bool], None]) -> None:
         t0 = time.perf_counter()
         label: bool | None = None
         try:
@@ -189,7 +192,7 @@ class ShadowRuns:
             self.seconds += time.perf_counter() - t0
             self.counts["labelled" if label is not None else "failed"] += 1
         try:
-            done(label)
+            done(label, False)
         except Exception:
             log.exception("recording a shadow run's label failed")
 
@@ -209,3 +212,56 @@ class ShadowRuns:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             return {**self.counts, "running": len(self._running), "seconds": self.seconds}
+
+
+class LabelFlow:
+    """Whether shadow runs still give labels: the outcomes of this worker's last ``stretch``
+    shadow coins that came up, each labelled or lost.
+
+    A lost shadow joins the window as an accepted draft without a label, which keeps the
+    estimate unbiased only while losses are independent of the label, and teaches the
+    gate nothing: with every shadow failing, a gate that learnt a low tau would keep it
+    while the traffic turned wrong. So more than ``tolerance`` of the stretch lost (and at
+    least ``least`` shadows) is trouble, as a store outage is: the gate tightens to its
+    ``outage_tau`` until labels flow again, which *probes* show (the gate shadows drafts it
+    would have accepted, at its policy's chance, while it rejects them; their labels count
+    only here).
+
+    A run that failed is lost. A shadow dropped for want of room is lost only while no run
+    has given a label for ``stall_s``: under load the queue drops shadows in bursts while
+    the runs in it keep labelling (the demo drops a fifth of its shadows so), and a drop
+    that depends only on load leaves the estimate unbiased; a queue that drops because its
+    runs hang does not label at all."""
+
+    def __init__(
+        self, stretch: int = 10, tolerance: float = 0.5, least: int = 5, stall_s: float = 60.0
+    ) -> None:
+        if stretch < 1 or not 0 <= tolerance < 1 or least < 1 or not stall_s > 0:
+            raise ValueError(
+                "stretch >= 1, tolerance in [0, 1), least >= 1, stall_s > 0: "
+                f"{stretch}, {tolerance}, {least}, {stall_s}"
+            )
+        self.tolerance, self.least, self.stall_s = tolerance, least, stall_s
+        self._outcomes: deque[bool] = deque(maxlen=stretch)
+        self._labelled_at = time.monotonic()  # a new worker's queue is not stalled
+        self._lock = threading.Lock()
+
+    def add(self, labelled: bool | None) -> None:
+        """A shadow's outcome: labelled (True), its run failed (False), dropped (None)."""
+        now = time.monotonic()
+        with self._lock:
+            if labelled:
+                self._labelled_at = now
+            if labelled is not None or now - self._labelled_at > self.stall_s:
+                self._outcomes.append(bool(labelled))
+
+    def trouble(self) -> str | None:
+        with self._lock:
+            n, lost = len(self._outcomes), self._outcomes.count(False)
+        if lost >= self.least and lost > self.tolerance * n:
+            return f"shadow runs give no labels: {lost} of the last {n} failed or stalled"
+        return None
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"stretch": len(self._outcomes), "lost": self._outcomes.count(False)}

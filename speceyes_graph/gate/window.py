@@ -9,7 +9,7 @@ online gate")."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -19,7 +19,12 @@ from .ledger import Observation
 __all__ = ["certified_tau", "settled", "window_risk"]
 
 
-def settled(queries: list[Observation], now: float, patience_s: float) -> list[Observation]:
+def settled(
+    queries: list[Observation],
+    now: float,
+    patience_s: float,
+    alive: Callable[[str], bool] = lambda worker: True,
+) -> list[Observation]:
     """The window up to the oldest shadow run still under way: a time prefix of the traffic
     in which every shadow coin that came up has its label (a shadow that fails or finds no
     room joins as an unshadowed accepted draft). Counting the drafts after it would make
@@ -27,11 +32,14 @@ def settled(queries: list[Observation], now: float, patience_s: float) -> list[O
     cohort's labels seconds later, so the group's bound rises with every unlabelled draft
     until the labels land, and tau swings (on the demo's CPU, where a shadow waits seconds,
     it held a third of the drafts out). Cutting by time is unbiased while how long a shadow
-    takes is independent of its outcome. A shadow in flight for more than ``patience_s``
-    (a worker killed mid-run leaves its shadows in flight for good) is left out and holds
-    nothing back."""
+    takes is independent of its outcome. A shadow in flight for more than ``patience_s``,
+    or held by a worker that no longer shows signs of life (``alive(q.by)`` False: a worker
+    killed mid-run leaves its shadows in flight for good), is left out and holds nothing
+    back."""
     waiting = [
-        q.at for q in queries if q.shadowed and q.disagrees is None and now - q.at < patience_s
+        q.at
+        for q in queries
+        if q.shadowed and q.disagrees is None and now - q.at < patience_s and alive(q.by)
     ]
     mark = min(waiting, default=math.inf)
     return [q for q in queries if q.at < mark and not (q.shadowed and q.disagrees is None)]

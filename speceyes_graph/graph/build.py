@@ -209,7 +209,7 @@ def create_speceyes_graph(
             "speculate_tools", router(after_tool_gate), {"accept": END, "reject": "agent_loop"}
         )
     if setup.speculator is not None:
-        graph.add_node("speculate", node(speculate_node(kit, drafts)))
+        graph.add_node("speculate", node(speculate_node(kit, drafts, online)))
         graph.add_node("gate", node(gate_node(online)))
         graph.add_edge("speculate", "gate")
         gated: dict[Hashable, str] = {"accept": END, "failed": END}

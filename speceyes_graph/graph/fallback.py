@@ -203,10 +203,10 @@ def answered_itself(out: Mapping[str, Any]) -> bool:
 
 def agent_loop_node(
     kit: NodeKit, fallback: AgentFallback, online: OnlineSteps | None
-) -> Callable[[SpecEyesState], Steps]:
+) -> Callable[[SpecEyesState, RunnableConfig], Steps]:
     """The ``agent_loop`` node: the fallback on the query, its failure the query's."""
 
-    def agent_loop(state: SpecEyesState) -> Steps:
+    def agent_loop(state: SpecEyesState, config: RunnableConfig) -> Steps:
         t0 = time.perf_counter()
         settings = state["settings"]
         try:
@@ -219,8 +219,9 @@ def agent_loop_node(
             out = {**kit.failed(state, "agent", exc, t0), "stop_reason": "deadline"}
         except Exception as exc:
             out = kit.failed(state, "agent", exc, t0)
-        if online is not None and state.get("route") == "rejected-agentic":
-            yield from online.rejected(state, out.get("answer"), not answered_itself(out))
+        if online is not None and state.get("gate_key"):  # this run's rejected draft, if any
+            key = online.run_key(config, state["gate_key"])
+            yield from online.rejected(key, out.get("answer"), not answered_itself(out))
         if out.get("error") and settings["on_error"] == "raise":
             raise SpecEyesError(out["error"])
         return out

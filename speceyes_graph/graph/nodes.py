@@ -250,7 +250,9 @@ def judge_node(
 ) -> Callable[..., Steps]:
     setup = kit.setup
 
-    def judge(state: SpecEyesState, runtime: Runtime[SpecEyesContext]) -> Steps:
+    def judge(
+        state: SpecEyesState, runtime: Runtime[SpecEyesContext], config: RunnableConfig
+    ) -> Steps:
         t0 = time.perf_counter()
         ticket = (yield from drafts.start(kit.draft_reply(state))) if setup.parallel else None
         try:
@@ -277,8 +279,8 @@ def judge_node(
             update["pending_draft"] = ticket
         elif not judgement.tools_needed and kit.traits(setup.speculator)[0]:
             phases.announce(setup.speculator, **kit.draft_kwargs)  # the draft comes next
-        if online is not None and judgement.tools_needed:
-            yield from online.no_draft(state.get("gate_key"), runtime.store)
+        if online is not None and judgement.tools_needed and state.get("gate_key"):
+            yield from online.no_draft(online.run_key(config, state["gate_key"]), runtime.store)
         return update
 
     return judge
@@ -295,11 +297,14 @@ def after_judge(state: SpecEyesState) -> str:
 # --- phase II ---------------------------------------------------------------------------------
 
 
-def speculate_node(kit: NodeKit, drafts: StartedDrafts) -> Callable[..., Steps]:
-    """The draft (drafted beside the judge, or now), scored by the gate at this run's tau."""
+def speculate_node(
+    kit: NodeKit, drafts: StartedDrafts, online: OnlineSteps | None = None
+) -> Callable[..., Steps]:
+    """The draft (drafted beside the judge, or now), scored by the gate at this run's tau;
+    an online gate's binds it to the run (only this draft can earn this run a label)."""
     gate = kit.setup.gate
 
-    def speculate(state: SpecEyesState) -> Steps:
+    def speculate(state: SpecEyesState, config: RunnableConfig) -> Steps:
         t0 = time.perf_counter()
         settings = state["settings"]
         try:
@@ -321,6 +326,8 @@ def speculate_node(kit: NodeKit, drafts: StartedDrafts) -> Callable[..., Steps]:
             }
             return {"draft": failed, "timings": {"speculate": time.perf_counter() - t0}}
         draft = phases.gate(reply, RunSettings(**settings).gate(gate))
+        if online is not None and state.get("gate_key"):
+            online.drafted(online.run_key(config, state["gate_key"]), draft, state["query"])
         return {"draft": draft, "timings": {"speculate": time.perf_counter() - t0}}
 
     return speculate
@@ -332,13 +339,16 @@ def speculate_node(kit: NodeKit, drafts: StartedDrafts) -> Callable[..., Steps]:
 def gate_node(online: OnlineSteps | None) -> Callable[..., Steps]:
     """Route on the draft's verdict (an online gate decides at its own tau first)."""
 
-    def gate(state: SpecEyesState, runtime: Runtime[SpecEyesContext]) -> Steps:
+    def gate(
+        state: SpecEyesState, runtime: Runtime[SpecEyesContext], config: RunnableConfig
+    ) -> Steps:
         draft = state.get("draft") or {}
         if state["settings"]["mode"] == "small":
             return {"answer": draft.get("text") or None, "route": "draft-only"}
         update: dict[str, Any] = {}
         if online is not None and state.get("gate_key"):
-            draft = update["draft"] = yield from online.decide(state, draft, runtime.store)
+            key = online.run_key(config, state["gate_key"])
+            draft = update["draft"] = yield from online.decide(key, state, draft, runtime.store)
         if draft.get("accepted"):
             return {**update, "answer": draft.get("text"), "route": "speculative"}
         return {**update, "route": "rejected-agentic"}

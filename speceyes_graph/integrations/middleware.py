@@ -275,13 +275,11 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
     ) -> None:
         super().__init__(store)
         self.record_text = record_text
-        # a rejected draft's text until the agent's answer labels it (an online gate): kept
-        # here, not in the state, so no checkpoint holds it; bounded (a turn interrupted for
-        # good never comes back for it)
-        self._rejected_texts: OrderedDict[str, str] = OrderedDict()
         # each human turn's outcome by its message's id: a retry or fallback middleware
         # around this one calls it again for the same turn, which must not judge and draft
-        # again (nor judge with the fallback model); bounded, as above
+        # again (nor judge with the fallback model); bounded (a turn interrupted for good
+        # never comes back for it). An online gate keeps a rejected draft's text until the
+        # agent's answer labels it in OnlineSteps, likewise: no checkpoint holds it
         self._turns: OrderedDict[str, _Outcome] = OrderedDict()
         self.speculator = phases.internal(speculator, "speculator")
         self.judge = judge
@@ -370,13 +368,12 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
             draft = {"text": "", "accepted": False, "error": failure}
         if self.steps is not None:
             turn = {"gate_key": key, "query": query, "request": request}
-            draft = yield from self.steps.decide(turn, draft, store)
+            self.steps.drafted(key, draft, query)
+            draft = yield from self.steps.decide(key, turn, draft, store)
         record["draft"] = draft if self.record_text else _without_text(draft)
         record["timings"]["speculate"] = time.perf_counter() - t0
         if not draft.get("accepted"):
             record["route"] = "rejected-agentic"
-            if self.steps is not None and draft.get("text"):
-                _keep(self._rejected_texts, key, draft["text"])
             return _Outcome(record, None)
         record["route"] = "speculative"
         meta = {"route": "speculative", "score": draft.get("score")}
@@ -398,12 +395,16 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         return dict(query)
 
     @staticmethod
-    def _gate_key() -> str:
+    def _gate_key(nonce: str | None = None) -> str:
+        """The turn's run key (:meth:`~speceyes_graph.gate.online_steps.OnlineSteps.run_key`):
+        the server's run id from the run's config; in process, ``nonce`` (the record's, when
+        labelling) or a fresh one."""
+        nonce = nonce or uuid.uuid4().hex
         try:
             config = get_config()
         except RuntimeError:  # called outside a graph run
-            return uuid.uuid4().hex
-        return OnlineSteps.key(config, {}, "speceyes") or uuid.uuid4().hex
+            return nonce
+        return OnlineSteps.run_key(config, nonce) or nonce
 
     @staticmethod
     def _answer(record: SpecEyesTurn, response: ModelResponse) -> ExtendedModelResponse:
@@ -457,23 +458,18 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
     # --- an online gate's labels ----------------------------------------------------------------
 
     def _label(self, state: Any, runtime: Runtime[Any]) -> Steps:
+        """The agent's answer labels this run's rejected draft: the decision, the draft and
+        its options are the ones this process kept for the run (never the state's record,
+        which a client can write)."""
         record = state.get("speceyes") or {}
-        if self.steps is None or record.get("route") != "rejected-agentic":
+        if self.steps is None or not record.get("gate_key"):
             return
         messages = state.get("messages") or []
         last = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
         text = message_text(last) if last is not None and not last.tool_calls else ""
         answer = extract_answer(text) or text.strip() or None
-        draft = dict(record.get("draft") or {})
-        drafted = self._rejected_texts.pop(record.get("gate_key") or "", None)
-        if drafted is not None:
-            draft["text"] = drafted
-        turn = {
-            "gate_key": record.get("gate_key"),
-            "draft": draft,
-            "query": {"options": record.get("options")},
-        }
-        yield from self.steps.rejected(turn, answer, failed=answer is None)
+        key = self._gate_key(record["gate_key"])
+        yield from self.steps.rejected(key, answer, failed=answer is None)
 
     def after_agent(self, state: Any, runtime: Runtime[Any]) -> dict[str, Any] | None:
         run_steps(self._label(state, runtime))

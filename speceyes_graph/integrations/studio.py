@@ -50,15 +50,20 @@ LangGraph CLI loads this file by path.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Any
 
+from speceyes_graph.gate.keys import ENV as GATE_KEY_ENV
+from speceyes_graph.gate.keys import GateKeys
 from speceyes_graph.gate.online import DEFAULT_WINDOW, OnlineGate, read_evidence
 from speceyes_graph.gate.separability import GateConfig
 from speceyes_graph.graph import create_speceyes_graph
 from speceyes_graph.integrations.compose import create_speceyes_chat_graph
 from speceyes_tools.blobs import blobs_from_url
 from speceyes_tools.images import ImagePolicy, ImageStore
+
+log = logging.getLogger(__name__)
 
 env = os.environ.get
 
@@ -184,6 +189,14 @@ def online_gate(gate: GateConfig) -> OnlineGate:
         env(name, "") for name in
         ("SPECEYES_SHADOW_RATE", "SPECEYES_GATE_WARMUP", "SPECEYES_GATE_EVIDENCE")
     )  # fmt: skip
+    if GateKeys.from_env() is None:  # said when the graph loads, not at the first run
+        log.warning(
+            "speceyes_online: %s is not set, so the online gate cannot sign entries in the "
+            "server's store: each worker keeps its own gate, learning from its own traffic "
+            "alone (each answer's draft says gate_scope='process'); set %s to the same "
+            "secret on every worker to share one (docs/deployment.md)",
+            GATE_KEY_ENV, GATE_KEY_ENV,
+        )  # fmt: skip
     return OnlineGate(
         float(env("SPECEYES_MAX_RISK", "0.02")),
         float(shadow_rate) if shadow_rate else None,

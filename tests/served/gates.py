@@ -1,0 +1,82 @@
+"""Online-gated graphs a test server loads by path (``tests/served/langgraph.json`` for
+``langgraph dev``, ``tests/aegra_cluster.py`` for Aegra), each with a gate of its own in the
+server's store (signed with ``SPECEYES_GATE_KEY``):
+
+- ``guarded``: the served demo models behind an online gate that starts at tau 1.0 and does
+  not move for a thousand queries: every draft is rejected and labelled within its run, so
+  a client sees exactly what the gate counts (``draft.gate_counts``).
+- ``failing_shadows``: scripted models (the draft's separability is in the question, the
+  agent answers "A"; it raises on a question that says ``broken``, which only shadow runs
+  meet while drafts are accepted) behind a gate seeded to accept such drafts, for the
+  gate's reaction when shadows stop labelling.
+
+Paths are the server's working directory's: run it from the repository root."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+
+from langchain_core.messages import AIMessage, BaseMessage
+from PIL import Image
+
+from speceyes_graph import create_speceyes_graph
+from speceyes_graph.gate.online import OnlineGate
+from speceyes_graph.integrations.studio import served_models, served_store
+from speceyes_graph.models.scripted import ScriptedChatModel, fake_logprobs
+from speceyes_graph.protocol import message_text
+
+
+def _question(messages: list[BaseMessage]) -> str:
+    return " ".join(message_text(m) for m in messages if m.type == "human")
+
+
+def _draft(messages: list[BaseMessage]) -> AIMessage:
+    found = re.search(r"sep=([0-9.]+)", _question(messages))
+    separability = float(found.group(1)) if found else 0.0
+    return AIMessage(
+        content="A", response_metadata={"logprobs": fake_logprobs(["A"], [separability])}
+    )
+
+
+def _agent(messages: list[BaseMessage]) -> str:
+    if "broken" in _question(messages):
+        raise RuntimeError("the agent fails in the background")
+    return "<think>ok</think><answer>A</answer>"
+
+
+def image_url() -> str:
+    """A small PNG as a data URL (what a client sends)."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+models = served_models()
+guarded = create_speceyes_graph(
+    **{
+        **models,
+        "gate": OnlineGate(0.02, config=models["gate"], tau=1.0, warmup=1000, namespace="guarded"),
+    },
+    store=served_store(),
+    on_error="record",
+).compile(name="guarded")
+
+failing_shadows = create_speceyes_graph(
+    judge=ScriptedChatModel(respond=lambda messages: "no"),
+    speculator=ScriptedChatModel(respond=_draft),
+    agent=ScriptedChatModel(respond=_agent),
+    # a gate file's evidence: 300 labelled drafts at separability 9 that agreed, so it
+    # accepts such drafts from the first query, its bound far from the target
+    gate=OnlineGate(
+        0.1,
+        0.5,
+        evidence=[(9.0, False)] * 300,
+        seed=0,
+        outage_tau=1.0,
+        namespace="failing_shadows",
+    ),
+    store=served_store(),
+    on_error="record",
+).compile(name="failing_shadows")
