@@ -228,11 +228,11 @@ class OnlineGate:
             risk control instead (:mod:`~speceyes_graph.gate.rolling`, the long-run
             alternative), moving this many candidates per unit of loss, from where the
             window (its evidence) puts tau; each worker moves its own.
-        shadow_stretch, shadow_loss: more than ``shadow_loss`` of this worker's last
-            ``shadow_stretch`` shadows giving no label (their runs failed, or they were
-            dropped while no run labelled for a minute) is trouble: tau at least
-            ``outage_tau`` until probes show labels flow again
+        shadow_stretch: how many of this worker's last shadows the label flow is judged on
             (:class:`~speceyes_graph.gate.shadowing.LabelFlow`).
+        shadow_loss: more than this share of them giving no label (their runs failed, or
+            they were dropped while no run labelled for a minute) is trouble: tau at least
+            ``outage_tau`` until probes show labels flow again.
 
     Thread-safe: one gate serves every query of a process.
     """
