@@ -137,11 +137,64 @@ def test_an_interrupted_run_resumed_after_a_rewrite_earns_no_label(thread, mode)
     decision belonged to the first run: no label. (In process there is no second party:
     the one caller resumes its own run, which labels its decision, once.)"""
     graph, gate, _ = thread(mode, interrupt_before=["agent_loop"])
-    assert labels(gate) == []  # the real run stopped before its agent
+    pending = [(REAL[0], None)]  # decided, its label to come with its agent
+    assert labels(gate) == pending  # the real run stopped before its agent
     graph.update_state(config("process"), {"draft": forged_draft("B", 0.95)}, as_node="gate")
     out = graph.invoke(None, config(mode))
     assert out["answer"] == "A"
-    assert labels(gate) == []
+    assert labels(gate) == pending
+
+
+def test_a_run_redelivered_to_another_worker_labels_its_own_decision(scene, shared_store):
+    """Two workers over one store and one checkpointer; the first stops between the gate
+    and the agent (as a worker killed there does: its decision is in the store, pending).
+    The engine redelivers the run, under the same run id, to the second worker, which
+    labels that decision from the checkpoint's draft, once; the same run with its draft
+    rewritten, or redelivered again, labels nothing more."""
+    saver = InMemorySaver()
+    gates = [
+        OnlineGate(0.05, 0.5, tau=0.98, warmup=1000, seed=s, sync_s=0.0, key=KEY) for s in (0, 1)
+    ]
+    dies = build(agent("A"), gates[0]).compile(
+        checkpointer=saver, store=shared_store, interrupt_before=["agent_loop"]
+    )
+    takes_over = build(agent("A"), gates[1]).compile(checkpointer=saver, store=shared_store)
+
+    reader = StoreLedger(shared_store, ("speceyes", "online_gate", "default"), 1000, GateKeys(KEY))
+
+    def entry(run: str):  # as the store holds it
+        found = reader.get(f"{run}|")
+        return None if found is None else (found.score, found.disagrees)
+
+    def redeliver(run: str, thread: str) -> dict:
+        return takes_over.invoke(None, {"configurable": {"thread_id": thread, "run_id": run}})
+
+    for run in ("r1", "r2"):
+        dies.invoke(query(scene, 0, 5.0), {"configurable": {"thread_id": run, "run_id": run}})
+        assert entry(run) == (REAL[0], None)  # decided, pending
+
+    assert redeliver("r1", "r1")["answer"] == "A"
+    assert entry("r1") == REAL  # labelled by the worker that took the run over
+    takes_over.update_state(
+        {"configurable": {"thread_id": "r1"}}, {"draft": forged_draft("B", 0.95)}, as_node="gate"
+    )
+    redeliver("r1", "r1")
+    assert entry("r1") == REAL  # not the draft decided on
+    contrary = build(agent("B"), OnlineGate(0.05, 0.5, tau=0.98, warmup=1000, key=KEY))
+    real_draft = dies.get_state({"configurable": {"thread_id": "r2"}}).values["draft"]
+    takes_over.update_state(
+        {"configurable": {"thread_id": "r1"}}, {"draft": real_draft}, as_node="gate"
+    )
+    contrary.compile(checkpointer=saver, store=shared_store).invoke(
+        None, {"configurable": {"thread_id": "r1", "run_id": "r1"}}
+    )
+    assert entry("r1") == REAL  # the decided draft, an agent that now disagrees: a label is final
+
+    takes_over.update_state(
+        {"configurable": {"thread_id": "r2"}}, {"draft": forged_draft("B", 0.95)}, as_node="gate"
+    )
+    assert redeliver("r2", "r2")["answer"] == "A"
+    assert entry("r2") == (REAL[0], None)  # not the draft decided on: no label
 
 
 def test_input_carrying_gate_fields_is_a_query_like_any_other(scene):

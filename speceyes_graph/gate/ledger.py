@@ -52,7 +52,7 @@ __all__ = [
     "read_entry",
 ]
 
-ENTRY_VERSION = 3  # 3: the worker holding its shadow run; 2: its chance (older are skipped)
+ENTRY_VERSION = 3  # 3: its worker and bound draft; 2: its shadow chance (older are skipped)
 MIN_CHANCE = 0.01  # a shadow chance below this is not one a gate gives (weights up to 100)
 CLOCK_SKEW_S = 300.0  # how far ahead of this worker's clock another's entry may be dated
 
@@ -71,6 +71,9 @@ class Observation:
     # whose label comes with the agent's run): the estimate weighs its label by 1 / chance
     chance: float = 1.0
     by: str = ""  # the worker that wrote it (and runs its shadow): "" in one process
+    # a rejected draft's label still to come: a digest of the draft it was decided on, so
+    # that the same run redelivered to another worker can label it (that draft alone)
+    bound: str = ""
 
 
 class GateLedger(Protocol):
@@ -90,6 +93,8 @@ class GateLedger(Protocol):
     def trouble(self) -> str | None: ...  # why its evidence cannot be vouched for now
 
     def alive(self, worker: str) -> bool: ...  # whether a worker's shadows may still land
+
+    def get(self, key: str) -> Observation | None: ...  # one entry, as stored and checked
 
 
 class _Window:
@@ -151,6 +156,10 @@ class MemoryLedger:
     def alive(self, worker: str) -> bool:
         return True
 
+    def get(self, key: str) -> Observation | None:
+        with self._lock:
+            return self._window.items.get(key)
+
 
 def entry_fields(observation: Observation) -> dict[str, Any]:
     """What an entry holds besides its signature (what the signature covers)."""
@@ -165,6 +174,7 @@ def entry_fields(observation: Observation) -> dict[str, Any]:
         "failed": o.failed,
         "chance": float(o.chance),
         "by": o.by,
+        "bound": o.bound,
     }
 
 
@@ -185,10 +195,12 @@ def read_entry(
     at, score, chance = (_number(value.get(f)) for f in ("at", "score", "chance"))
     accepted, shadowed, failed = (_flag(value.get(f)) for f in ("accepted", "shadowed", "failed"))
     disagrees = _flag(value.get("disagrees"))
-    by = value.get("by")
+    by, bound = value.get("by"), value.get("bound")
     if (
         not isinstance(by, str)
         or len(by) > 64
+        or not isinstance(bound, str)
+        or len(bound) > 64
         or at is None
         or chance is None
         or (score is None and value.get("score") is not None)
@@ -198,7 +210,7 @@ def read_entry(
         or (disagrees is None and value.get("disagrees") is not None)
     ):
         return "malformed"
-    observation = Observation(at, score, accepted, shadowed, disagrees, failed, chance, by)
+    observation = Observation(at, score, accepted, shadowed, disagrees, failed, chance, by, bound)
     o = observation
     if (
         o.at <= 0
@@ -337,6 +349,15 @@ class StoreLedger(MemoryLedger):
             if self._window.put(key, observation):
                 self._window.trim()
         self._beat()
+
+    def get(self, key: str) -> Observation | None:
+        """The entry under ``key`` as the store holds it now, if it verifies (raises what
+        the store raised)."""
+        item = self.store.get(self.namespace, key)
+        if item is None:
+            return None
+        checked = read_entry(item.value, self.namespace, key, self.keys)
+        return checked if isinstance(checked, Observation) else None
 
     def stale(self) -> bool:
         return time.time() - self._synced_at >= self.sync_s

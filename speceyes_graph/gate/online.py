@@ -408,13 +408,16 @@ class OnlineGate:
         key: str | None = None,
         *,
         agent_failed: bool = False,
+        bound: str = "",
     ) -> None:
         """One query's outcome: its decision (None: it had no draft), its score and whether
         the draft disagreed with the agent (None when no label was taken: an accepted draft
         not shadowed, a shadow run still running or failed). ``agent_failed``: a rejected
         draft whose agent failed, counted as disagreeing. ``key``: the query's own (a run
-        redelivered, or a shadow's label arriving later, replaces its entry). Moves tau;
-        raises what the store raised (the gate is tightened then)."""
+        redelivered, or a shadow's label arriving later, replaces its entry). ``bound``: a
+        rejected draft's decision recorded before its label, with the digest of the draft
+        (:mod:`~speceyes_graph.gate.online_steps`). Moves tau; raises what the store raised
+        (the gate is tightened then)."""
         accepted = decision is not None and decision.accepted
         shadowed = decision is not None and decision.shadowed
         if accepted and not shadowed:
@@ -424,7 +427,9 @@ class OnlineGate:
             disagrees = True
         at = decision.at if decision is not None and decision.at else time.time()
         chance = decision.chance if accepted and decision is not None else 1.0
-        observation = Observation(at, score, accepted, shadowed, disagrees, failed, chance)
+        observation = Observation(
+            at, score, accepted, shadowed, disagrees, failed, chance, bound=bound
+        )
         key = key or uuid.uuid4().hex
         if self.rolling is not None:
             self.rolling.observe(key, accepted, disagrees, chance)

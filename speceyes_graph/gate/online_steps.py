@@ -24,6 +24,8 @@ too: the decision stayed with the dead worker.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 import uuid
@@ -43,7 +45,10 @@ __all__ = ["OpenDecisions", "OnlineSteps"]
 
 log = logging.getLogger(__name__)
 
-UNBOUND = "not gated online: this run did not make this draft (state written from outside, or a resumed, forked or redelivered run); the agent answers and no label is taken"
+UNBOUND = (
+    "not gated online: this run did not make this draft (state written from outside, or a "
+    "resumed, forked or redelivered run); the agent answers and no label is taken"
+)
 
 
 @dataclass
@@ -54,6 +59,11 @@ class _Open:
     text: str | None
     options: Any
     decision: GateDecision | None = None
+
+    def digest(self) -> str:
+        """What a pending decision in the ledger is bound to: this draft and its options."""
+        body = json.dumps([self.score, self.text, self.options], sort_keys=True, default=str)
+        return hashlib.sha256(body.encode()).hexdigest()[:32]
 
 
 class OpenDecisions:
@@ -126,9 +136,12 @@ class OnlineSteps:
         label: bool | None,
         key: str,
         agent_failed: bool = False,
+        bound: str = "",
     ) -> None:
         try:
-            self.gate.observe(decision, score, label, key=key, agent_failed=agent_failed)
+            self.gate.observe(
+                decision, score, label, key=key, agent_failed=agent_failed, bound=bound
+            )
         except Exception as exc:  # the store is down: the answer stands, the label is lost
             log.warning("the online gate could not record a label: %s: %s", type(exc).__name__, exc)
 
@@ -183,6 +196,9 @@ class OnlineSteps:
         if decision.accepted:
             self.open.pop(key)  # its label, if any, comes from the shadow run alone
             yield Blocking(self._record, (decision, score, None, key))
+        elif score is not None:  # its label comes with the agent: the same run, here or
+            # redelivered to another worker, which finds the decision in the ledger
+            yield Blocking(self._record, (decision, score, None, key, False, bound.digest()))
         if decision.shadowed or decision.probe:
             yield Blocking(gate.shadows.submit, self._shadow(key, state, gated, decision))
         return gated
@@ -211,17 +227,58 @@ class OnlineSteps:
 
         return verify, done
 
-    def rejected(self, key: str | None, answer: str | None, failed: bool) -> Steps:
+    def rejected(
+        self,
+        key: str | None,
+        answer: str | None,
+        failed: bool,
+        draft: Mapping[str, Any] | None = None,
+        options: Any = None,
+        store: BaseStore | None = None,
+    ) -> Steps:
         """The label of a draft the gate rejected in this run: whether it disagrees with
         the agent's answer. An agent that failed gives no agreement: the draft counts as
         disagreeing (an outage of the agent must not teach the gate that low-scored drafts
-        are right). Once: the run's decision is taken with its label."""
-        bound = self.open.pop(key) if key is not None else None
-        if key is None or bound is None or bound.decision is None or bound.decision.accepted:
+        are right). Once: the run's decision is taken with its label.
+
+        The same run redelivered to another worker (its first died after the gate) finds
+        its decision in the ledger instead, pending, under the run's key; it labels it only
+        if the state's ``draft`` and ``options`` are the ones decided on (their digest)."""
+        if key is None:
             return
-        decision = bound.decision
+        bound = self.open.pop(key)
+        if bound is None:  # not decided here: redelivered, or not this run's
+            self.gate.bind(store)
+            yield Blocking(self._redelivered, (key, answer, failed, draft or {}, options))
+            return
+        if bound.decision is None or bound.decision.accepted:
+            return
         label = True if failed else not answers_agree(bound.text, answer, bound.options)
-        yield Blocking(self._record, (decision, bound.score, label, key, failed))
+        yield Blocking(self._record, (bound.decision, bound.score, label, key, failed))
+
+    def _redelivered(
+        self, key: str, answer: str | None, failed: bool, draft: Mapping[str, Any], options: Any
+    ) -> None:
+        try:
+            decided = self.gate.ledger.get(key)
+        except Exception as exc:  # the store is down: the answer stands, the label is lost
+            log.warning(
+                "the online gate could not read a decision: %s: %s", type(exc).__name__, exc
+            )
+            return
+        here = _Open(_gated_score(draft), draft.get("text"), options)
+        if (
+            decided is None
+            or decided.accepted
+            or decided.disagrees is not None  # labelled already: a label is final
+            or decided.score is None
+            or not decided.bound
+            or decided.bound != here.digest()
+        ):
+            return
+        decision = GateDecision(False, False, self.gate.start_tau, decided.at)
+        label = True if failed else not answers_agree(here.text, answer, options)
+        self._record(decision, decided.score, label, key, failed)
 
 
 def _gated_score(draft: Mapping[str, Any]) -> float | None:

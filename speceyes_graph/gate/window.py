@@ -16,7 +16,7 @@ import numpy as np
 from .bounds import count_upper_bound
 from .ledger import Observation
 
-__all__ = ["certified_tau", "settled", "window_risk"]
+__all__ = ["certified_tau", "pending", "settled", "window_risk"]
 
 
 def settled(
@@ -42,7 +42,15 @@ def settled(
         if q.shadowed and q.disagrees is None and now - q.at < patience_s and alive(q.by)
     ]
     mark = min(waiting, default=math.inf)
-    return [q for q in queries if q.at < mark and not (q.shadowed and q.disagrees is None)]
+    return [q for q in queries if q.at < mark and not pending(q)]
+
+
+def pending(q: Observation) -> bool:
+    """A label still to come: a shadowed draft's, or a rejected draft's (its agent runs).
+    A rejected one is left out until its label lands but holds nothing back: a run a
+    client stopped before its agent (``interrupt_before``) would otherwise hold every
+    worker's window for as long as it waits."""
+    return q.disagrees is None and (q.shadowed or (not q.accepted and q.score is not None))
 
 
 def window_risk(

@@ -26,6 +26,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableBinding, RunnableConfig
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.pregel import Pregel
+from langgraph.runtime import Runtime
 
 from speceyes_tools.codec import sniff_mime
 from speceyes_tools.deadlines import DeadlineExceeded, check_deadline, deadline_scope
@@ -41,7 +42,7 @@ from ..effects import Blocking, Steps, Subgraph, run_steps
 from ..gate.online_steps import OnlineSteps
 from ..messages import dehydrate
 from ..protocol import extract_answer, message_text
-from ..state import AgentStep, Draft, SpecEyesState
+from ..state import AgentStep, Draft, SpecEyesContext, SpecEyesState
 from .nodes import NodeKit, SpecEyesError
 
 __all__ = ["AgentFallback", "agent_loop_node", "steps_of"]
@@ -203,10 +204,12 @@ def answered_itself(out: Mapping[str, Any]) -> bool:
 
 def agent_loop_node(
     kit: NodeKit, fallback: AgentFallback, online: OnlineSteps | None
-) -> Callable[[SpecEyesState, RunnableConfig], Steps]:
+) -> Callable[[SpecEyesState, RunnableConfig, Runtime[SpecEyesContext]], Steps]:
     """The ``agent_loop`` node: the fallback on the query, its failure the query's."""
 
-    def agent_loop(state: SpecEyesState, config: RunnableConfig) -> Steps:
+    def agent_loop(
+        state: SpecEyesState, config: RunnableConfig, runtime: Runtime[SpecEyesContext]
+    ) -> Steps:
         t0 = time.perf_counter()
         settings = state["settings"]
         try:
@@ -221,7 +224,10 @@ def agent_loop_node(
             out = kit.failed(state, "agent", exc, t0)
         if online is not None and state.get("gate_key"):  # this run's rejected draft, if any
             key = online.run_key(config, state["gate_key"])
-            yield from online.rejected(key, out.get("answer"), not answered_itself(out))
+            draft, options = state.get("draft"), (state.get("query") or {}).get("options")
+            failed = not answered_itself(out)
+            store = runtime.store
+            yield from online.rejected(key, out.get("answer"), failed, draft, options, store)
         if out.get("error") and settings["on_error"] == "raise":
             raise SpecEyesError(out["error"])
         return out
