@@ -224,10 +224,12 @@ def agent_loop_node(
             out = kit.failed(state, "agent", exc, t0)
         if online is not None and state.get("gate_key"):  # this run's rejected draft, if any
             key = online.run_key(config, state["gate_key"])
-            draft, options = state.get("draft"), (state.get("query") or {}).get("options")
+            query: Mapping[str, Any] = state.get("query") or {}
             failed = not answered_itself(out)
-            store = runtime.store
-            yield from online.rejected(key, out.get("answer"), failed, draft, options, store)
+            yield from online.rejected(
+                key, out.get("answer"), failed, state.get("draft"), query.get("options"),
+                runtime.store,
+            )  # fmt: skip
         if out.get("error") and settings["on_error"] == "raise":
             raise SpecEyesError(out["error"])
         return out
