@@ -18,8 +18,9 @@ draft's text and options stay in this process (:class:`OpenDecisions`), and the 
 recorded once, by the same run, under the run's key: the server's run id from the run's
 own config (LangGraph's servers and Aegra set it; a client cannot), not the state's
 ``gate_key``. A run handed a draft it did not make still answers (the agent runs); it
-earns no label. A run redelivered to another worker after its first died loses its label
-too: the decision stayed with the dead worker.
+earns no label. A rejected draft's decision is written to the ledger at once, pending and
+bound to a digest of the draft: the same run redelivered to another worker after its first
+died finds it there and labels it, once.
 """
 
 from __future__ import annotations
