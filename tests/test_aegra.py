@@ -427,7 +427,8 @@ def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels
         tid = client.threads.create()["thread_id"]
         probes.append(client.runs.wait(tid, "speceyes_online", input=drafted)["draft"])
     stored = sorted(entries().values(), key=lambda v: v["at"])
-    FIELDS = ("at", "score", "accepted", "shadowed", "disagrees", "failed", "chance")
+    FIELDS = ("at", "score", "accepted", "shadowed", "disagrees", "failed", "chance", "by")
+    beats = {k: v["at"] for k, v in rows(namespace + ".workers")}  # each worker's last sign
     expected = []
     for probe in probes:
         gate = OnlineGate(
@@ -436,6 +437,10 @@ def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels
         )  # fmt: skip
         for n, value in enumerate(v for v in stored if v["at"] < probe["gated_at"]):
             gate.ledger.record(str(n), Observation(**{k: value[k] for k in FIELDS}))
+        # the killed instance's shadows in flight hold nothing back once its signs of life
+        # stop (three beats of 10 s), as each live gate sees it
+        at = probe["gated_at"]
+        gate.ledger.alive = lambda w, at=at: at - beats.get(w, -1e18) < 30  # type: ignore[method-assign]
         gate._refit()
         expected.append(gate.tau)
     taus = [p["tau"] for p in probes]
