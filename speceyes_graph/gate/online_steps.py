@@ -249,6 +249,8 @@ class OnlineSteps:
             return
         bound = self.open.pop(key)
         if bound is None:  # not decided here: redelivered, or not this run's
+            if _gated_score(draft or {}) is None:
+                return  # no draft met the gate (the judge asked for tools): nothing to read
             self.gate.bind(store)
             yield Blocking(self._redelivered, (key, answer, failed, draft or {}, options))
             return
