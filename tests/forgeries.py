@@ -144,12 +144,12 @@ def check_failing_shadows(client: Any, image: str, assistant: str = "failing_sha
         question = f"q{i} sep=9.0 colour?" + (" broken" if broken else "")
         return client.runs.wait(thread, assistant, input={"question": question, "images": [image]})
 
-    working = [ask(i, False) for i in range(10)]
-    assert [o["route"] for o in working] == ["speculative"] * 10, working[-1]
-    after = [ask(10 + i, True) for i in range(40)]
+    working = [ask(i, False) for i in range(4)]
+    assert [o["route"] for o in working] == ["speculative"] * 4, working[-1]
+    after = [ask(4 + i, True) for i in range(30)]
     accepted = [o["route"] == "speculative" for o in after]
-    assert sum(accepted) <= 30, sum(accepted)  # before: 40 of 40
-    assert not any(accepted[-10:]) and after[-1]["draft"]["tau"] == 1.0, after[-1]["draft"]
+    assert sum(accepted) <= 22, sum(accepted)  # before: 30 of 30
+    assert not any(accepted[-8:]) and after[-1]["draft"]["tau"] == 1.0, after[-1]["draft"]
 
 
 def gated_input(client: Any, candidates: list[dict[str, Any]], assistant: str) -> dict[str, Any]:
