@@ -15,10 +15,14 @@ whether the forgery counted."""
 
 from __future__ import annotations
 
+import base64
+import io
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
+
+from PIL import Image
 
 from speceyes_graph.answers import answers_agree
 
@@ -132,7 +136,14 @@ def check_forgery(client: Any, inputs: dict[str, Any], kind: str, assistant: str
     assert after == {k: before[k] + own[k] for k in before}, (kind, before, after)
 
 
-def check_failing_shadows(client: Any, image: str, assistant: str = "failing_shadows") -> None:
+def image_url() -> str:
+    """A small PNG as a data URL (what a client sends)."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def check_failing_shadows(client: Any, assistant: str = "failing_shadows") -> None:
     """``tests/served/gates.py``'s ``failing_shadows``: a gate that accepts confident
     drafts (its shadows label them); then the shadow runs fail (the agent raises on what
     they ask) while drafts keep coming: within a few accepted drafts the gate is tightened
@@ -142,7 +153,8 @@ def check_failing_shadows(client: Any, image: str, assistant: str = "failing_sha
     def ask(i: int, broken: bool) -> dict:
         thread = client.threads.create()["thread_id"]
         question = f"q{i} sep=9.0 colour?" + (" broken" if broken else "")
-        return client.runs.wait(thread, assistant, input={"question": question, "images": [image]})
+        inputs = {"question": question, "images": [image_url()]}
+        return client.runs.wait(thread, assistant, input=inputs)
 
     working = [ask(i, False) for i in range(4)]
     assert [o["route"] for o in working] == ["speculative"] * 4, working[-1]

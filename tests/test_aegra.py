@@ -559,6 +559,5 @@ def test_no_client_forges_a_gate_label_through_thread_state(aegra_client, gated_
 
 def test_when_shadow_runs_fail_the_served_gate_tightens(aegra_client):
     from forgeries import check_failing_shadows
-    from served.gates import image_url
 
-    check_failing_shadows(aegra_client, image_url())
+    check_failing_shadows(aegra_client)

@@ -498,9 +498,7 @@ def test_when_shadow_runs_fail_the_served_gate_tightens(owned_server):
     """The failing shadows of issue 66 through ``langgraph_sdk``: ``failing_shadows``
     accepts what its working shadows confirmed, then stops within a few accepted drafts
     once its shadow runs fail (before: all 30 accepted)."""
-    from served.gates import image_url
-
-    check_failing_shadows(client_of(owned_server, "mallory"), image_url())
+    check_failing_shadows(client_of(owned_server, "mallory"))
 
 
 def test_threads_belong_to_whoever_made_them(owned_server):

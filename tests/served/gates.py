@@ -14,15 +14,13 @@ Paths are the server's working directory's: run it from the repository root."""
 
 from __future__ import annotations
 
-import base64
-import io
 import re
 
 from langchain_core.messages import AIMessage, BaseMessage
-from PIL import Image
 
 from speceyes_graph import create_speceyes_graph
 from speceyes_graph.gate.online import OnlineGate
+from speceyes_graph.gate.separability import GateConfig
 from speceyes_graph.integrations.studio import served_models, served_store
 from speceyes_graph.models.scripted import ScriptedChatModel, fake_logprobs
 from speceyes_graph.protocol import message_text
@@ -46,18 +44,17 @@ def _agent(messages: list[BaseMessage]) -> str:
     return "<think>ok</think><answer>A</answer>"
 
 
-def image_url() -> str:
-    """A small PNG as a data URL (what a client sends)."""
-    buffer = io.BytesIO()
-    Image.new("RGB", (64, 48), (200, 30, 30)).save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-
-
 models = served_models()
 guarded = create_speceyes_graph(
     **{
         **models,
-        "gate": OnlineGate(0.02, config=models["gate"], tau=1.0, warmup=1000, namespace="guarded"),
+        "gate": OnlineGate(
+            0.02,
+            config=models.get("gate") or GateConfig(),
+            tau=1.0,
+            warmup=1000,
+            namespace="guarded",
+        ),
     },
     store=served_store(),
     on_error="record",
