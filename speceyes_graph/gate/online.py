@@ -385,7 +385,10 @@ class OnlineGate:
             chance = 1.0
             if accepted or probing:
                 assert score is not None
-                chance = self.shadow.chance(score, self.certified, self.acceptance)
+                # a probe's chance as the window's tau would have given it
+                chance = self.shadow.chance(
+                    score, tau if accepted else self.certified, self.acceptance
+                )
                 chance = min(1.0, max(MIN_CHANCE, float(chance)))
             coin = (accepted or probing) and self._rng.random() < chance
             if not accepted:

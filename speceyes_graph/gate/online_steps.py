@@ -91,9 +91,6 @@ class OpenDecisions:
         with self._lock:
             return self._items.pop(key, None)
 
-    def __len__(self) -> int:
-        return len(self._items)
-
 
 class OnlineSteps:
     """An online gate as a graph's nodes use it.
