@@ -63,6 +63,15 @@ def tiny_models(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_families(tmp_path_factory):
+    """Tiny random checkpoints of ten image-text-to-text families (tests/test_families.py)."""
+    from speceyes_graph.demo.tiny_families import FAMILIES, make_tiny_family
+
+    root = tmp_path_factory.mktemp("tiny-families")
+    return {family: make_tiny_family(family, root / family) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session")
 def tiny_chat(tiny_models):
     """ChatTransformersVLM instances over the tiny checkpoints (loaded once per session)."""
     from speceyes_graph.models import ChatTransformersVLM

@@ -22,6 +22,7 @@ protocol chosen, the modes the models allow. The graph's nodes are built from it
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,8 @@ from ..phases import DRAFT_MAX_TOKENS, JUDGE_MAX_TOKENS
 from ..prompts import Prompts
 from ..settings import Limits, OnError, RunSettings
 from ..state import Mode
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "THYME_TAU",
@@ -282,6 +285,8 @@ def _resolve_tools(
     """The built-in loop's tools in the agent's frame, the small loop's in its own."""
     agent = models.agent
     tool_list = _tools(tools, models.resize, store) if agent is not None else []
+    if tool_list:
+        _say_unknown_boxes(agent, models.resize)
     small_tools: list[BaseTool] = []
     if can_speculate:
         if phases.tools is not None:
@@ -291,6 +296,22 @@ def _resolve_tools(
         else:
             small_tools = _tools(tools, models.speculator_resize, store)
     return tool_list, small_tools
+
+
+def _say_unknown_boxes(agent: Any, resize: ResizeSpec) -> None:
+    """An agent whose family documents no box convention: say what its boxes are read as,
+    instead of guessing silently (``ChatTransformersVLM.box_coordinates`` is None)."""
+    bare = bare_model(agent)
+    if not hasattr(bare, "box_coordinates") or bare.box_coordinates is not None:
+        return
+    log.warning(
+        "%s documents no box convention: the tools read its boxes as they say in their "
+        "descriptions (default: pixels of the image as sent, at most %d pixels). If its model "
+        "card says otherwise, set the tools' coordinates (a toolset's coordinates = "
+        "'thousand' | 'normalized' | 'original' | 'model').",
+        getattr(bare, "model", type(bare).__name__),
+        resize.max_pixels,
+    )
 
 
 def _resolve_gate(

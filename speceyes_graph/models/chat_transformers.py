@@ -46,11 +46,12 @@ from speceyes_tools.deadlines import (
     time_left,
     to_worker_thread,
 )
+from speceyes_tools.geometry import Coordinates
 from speceyes_tools.images import ResizeSpec
 
 from .batching import BatchScheduler
 from .conversion import convert_messages, special_token_escaper
-from .families import processor_resize
+from .families import box_convention, processor_resize
 from .generation import BatchedGeneration, GenerationKey, can_join
 from .hub import hub_problem, looks_like_hub_id
 from .image_cache import CachedImageProcessor, CachedVisionEncoder, image_keys
@@ -226,6 +227,7 @@ class ChatTransformersVLM(BaseChatModel):
             self._hf_model = AutoModelForImageTextToText.from_pretrained(  # type: ignore[no-untyped-call]
                 self.model, **kwargs
             ).eval()
+        _require_chat_template(self._processor, self.model)
         # generation needs left padding; many checkpoints save "right"
         self._processor.tokenizer.padding_side = "left"
         images = getattr(self._processor, "image_processor", None)
@@ -234,11 +236,11 @@ class ChatTransformersVLM(BaseChatModel):
                 images = images.inner
             self._processor.image_processor = CachedImageProcessor(images, self.image_cache_bytes)
         base: Any = getattr(self._hf_model, "base_model", None)
-        visual = getattr(base, "visual", None)
-        if self.vision_cache_bytes and visual is not None and hasattr(base, "get_image_features"):
+        if self.vision_cache_bytes and callable(getattr(base, "get_image_features", None)):
             encode = base.get_image_features
             if isinstance(encode, CachedVisionEncoder):
                 encode = encode.encode
+            visual = getattr(base, "visual", None)  # Qwen-VL's tower merges 2x2 patches
             merge = int(getattr(visual, "spatial_merge_size", 1) or 1)
             base.get_image_features = CachedVisionEncoder(encode, merge, self.vision_cache_bytes)
         self._escape = special_token_escaper(self._processor.tokenizer)
@@ -317,8 +319,20 @@ class ChatTransformersVLM(BaseChatModel):
 
     @property
     def resize_spec(self) -> ResizeSpec:
-        """How this checkpoint's processor resizes images: the frame of its boxes."""
-        return processor_resize(self._processor.image_processor)
+        """The frame images are sent in, by this checkpoint's processor's own rule
+        (:func:`~speceyes_graph.models.families.processor_resize`)."""
+        images = self._processor.image_processor
+        if isinstance(images, CachedImageProcessor):
+            images = images.inner
+        patch = getattr(self._processor, "patch_size", None)
+        merge = getattr(self._processor, "spatial_merge_size", None)
+        pixtral = isinstance(patch, int) and isinstance(merge, int)
+        return processor_resize(images, patch=patch * merge if pixtral else None)
+
+    @property
+    def box_coordinates(self) -> Coordinates | None:
+        """How this checkpoint writes boxes, where its family documents it (None: unknown)."""
+        return box_convention(getattr(self._hf_model.config, "model_type", None))
 
     @property
     def context_length(self) -> int | None:
@@ -416,31 +430,45 @@ class ChatTransformersVLM(BaseChatModel):
             continue_final_message=cont,
             tokenize=False,
         )
+        # A template that writes the BOS itself (Gemma 3, Mistral) gets no second one from the
+        # tokenizer: transformers' own apply_chat_template(tokenize=True) rule.
+        bos = self._processor.tokenizer.bos_token
+        text_kwargs = {"add_special_tokens": False} if bos and prompt.startswith(bos) else {}
         with image_keys(converted.image_keys):  # each image processed once (image_cache.py)
             inputs = self._processor(
-                text=[prompt + prefill], images=converted.images or None, return_tensors="pt"
+                text=[prompt + prefill],
+                # grouped per prompt: a family that treats a prompt of several images apart
+                # (LLaVA-OneVision) must see them as one prompt's, not as a batch's
+                images=[converted.images] if converted.images else None,
+                return_tensors="pt",
+                **text_kwargs,
             )
         return {
             "inputs": dict(inputs),
             "tools": bool(tools),
             "prefix": prefill,
             "image_keys": converted.image_keys,
-            **self._token_counts(inputs),
+            **self._token_counts(inputs, converted.images),
         }
 
-    def _token_counts(self, inputs: Any) -> dict[str, Any]:
+    def _token_counts(self, inputs: Any, images: Sequence[Any]) -> dict[str, Any]:
         """What a request weighs in a batch's token budget, from the processor's output:
-        prompt tokens (text and image placeholders) and, from the image grid, the image
-        tokens and each image's size as the model sees it (resized)."""
+        prompt tokens (text and image placeholders), image tokens, and each image's size as
+        the model sees it (Qwen-VL's image grid, else the image as sent)."""
         counts: dict[str, Any] = {"n_prompt": int(inputs["input_ids"].shape[1])}
         grid = inputs.get("image_grid_thw")
         if grid is not None:
-            images = self._processor.image_processor
-            patch = int(getattr(images, "patch_size", 14) or 14)
-            merge = int(getattr(images, "merge_size", 2) or 2)
+            image_processor = self._processor.image_processor
+            patch = int(getattr(image_processor, "patch_size", 14) or 14)
+            merge = int(getattr(image_processor, "merge_size", 2) or 2)
             rows = [tuple(int(v) for v in row) for row in grid.tolist()]
             counts["image_tokens"] = sum(t * h * w for t, h, w in rows) // merge**2
             counts["image_sizes"] = [(w * patch, h * patch) for _, h, w in rows]
+        elif images:
+            image_token = getattr(self._processor, "image_token_id", None)
+            if isinstance(image_token, int):
+                counts["image_tokens"] = int((inputs["input_ids"] == image_token).sum())
+            counts["image_sizes"] = [(int(a.shape[1]), int(a.shape[0])) for a in images]
         return counts
 
     # --- LangChain entry points ----------------------------------------------------------------
@@ -602,3 +630,21 @@ class ChatTransformersVLM(BaseChatModel):
         prepared = self._prepare(messages, **request)
         # no context-variable scope here: a generator's steps may run in different contexts
         yield from stream_reply(self.generation, key, prepared, time_left(self.timeout))
+
+
+def _require_chat_template(processor: Any, model: str) -> None:
+    """A checkpoint without a chat template (PaliGemma ships none) fails here, saying how to
+    give it one, instead of at its first call with transformers' error. A template kept only
+    by the tokenizer (older checkpoints) is the processor's too."""
+    if getattr(processor, "chat_template", None):
+        return
+    template = getattr(getattr(processor, "tokenizer", None), "chat_template", None)
+    if template:
+        processor.chat_template = template
+        return
+    raise ValueError(
+        f"{model!r} has no chat template, so its prompts cannot be written. Give it the one "
+        "its model card documents: ChatTransformersVLM(model=..., processor_kwargs="
+        '{"chat_template": "<jinja template>"}), or save the processor with a '
+        "chat_template.jinja beside it."
+    )

@@ -1,23 +1,39 @@
-"""Image size limits: from a processor's settings, or by checkpoint family.
+"""The frame an image is sent in, and the frame a model's boxes are in, by checkpoint family.
 
-A local ``ChatTransformersVLM`` reads its limits from its processor (:func:`processor_resize`).
+A local ``ChatTransformersVLM`` reads its frame from its processor (:func:`processor_resize`).
 For a served model the graph must know what the server's processor will do: the image is
 sent already resized within those limits (so the boxes the model writes are in a frame we can
 map back exactly), and sending it smaller than the model would see it costs accuracy on
 exactly the high-resolution benchmarks. :mod:`.served` asks the server which checkpoint it
-loaded; when that checkpoint's config cannot be read here, the family's limits below (those
-of the families' processor configs) stand in.
+loaded and reads the same processor config; when that config cannot be read here, the
+family's limits below (those of the families' processor configs) stand in.
+
+Each family's processor has its own rule, and the frame follows it, never another family's:
+
+- Qwen-VL (``Qwen2VLImageProcessor``): sides multiples of patch x merge, area within
+  ``min_pixels``..``max_pixels``. The image is sent in exactly that frame.
+- Pixtral (Mistral 3): the longer side at most ``longest_edge``, sides rounded up to the
+  patch. The image is sent in exactly that frame too.
+- Every other family tiles the image (Idefics3, SmolVLM, LLaVA-NeXT, LLaVA-OneVision,
+  InternVL) or squashes it to a square (Gemma 3, PaliGemma): no frame of the image survives
+  whole, so it is sent as it is, bounded by the most pixels the processor uses.
+
+Where boxes map back: :func:`box_convention` says how a family's instruct checkpoints write
+boxes, where that is documented; elsewhere it is unknown, and the graph says so
+(:func:`speceyes_graph.graph.options.resolve_models`) instead of guessing.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
+from speceyes_tools.geometry import Coordinates
 from speceyes_tools.images import ResizeSpec
 
-__all__ = ["FAMILIES", "family_of", "family_resize", "processor_resize"]
+__all__ = ["FAMILIES", "box_convention", "family_of", "family_resize", "processor_resize"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +53,17 @@ _ALIASES = {
     "qwen2-vl": "qwen2.5-vl",
     "deepeyes": "qwen2.5-vl",
     "thyme": "qwen2.5-vl",
+}
+
+# How boxes are written, by the checkpoint's ``config.model_type``, where documented:
+# Qwen2-VL / Qwen2.5-VL ground in pixels of the resized image (DeepEyes and Thyme are trained
+# so), Qwen3-VL in relative 0-1000 coordinates, InternVL in [0, 1000) normalised ones.
+_BOXES: dict[str, Coordinates] = {
+    "qwen2_vl": "model",
+    "qwen2_5_vl": "model",
+    "qwen3_vl": "thousand",
+    "qwen3_vl_moe": "thousand",
+    "internvl": "thousand",
 }
 
 
@@ -63,18 +90,83 @@ def family_resize(model_name: str) -> ResizeSpec:
     return FAMILIES[family]
 
 
-def processor_resize(image_processor: Any) -> ResizeSpec:
-    """The frame a Qwen-VL image processor resizes to, from the processor or its config dict
-    (``size`` with ``shortest_edge``/``longest_edge`` in pixels, or ``min_pixels``/``max_pixels``;
-    ``patch_size`` times ``merge_size`` is the side multiple)."""
+def box_convention(model_type: str | None) -> Coordinates | None:
+    """How a family's checkpoints write boxes (see :data:`~speceyes_tools.geometry.Coordinates`),
+    by ``config.model_type``; None where no convention is documented."""
+    return _BOXES.get(model_type or "")
+
+
+def _kind(image_processor: Any) -> str:
+    """The image processor's class name (an instance's, or a config's ``image_processor_type``)
+    without the Fast suffix: what decides which family's rule applies."""
+    if isinstance(image_processor, Mapping):
+        name = str(image_processor.get("image_processor_type") or "")
+    else:
+        name = next(
+            (c.__name__ for c in type(image_processor).__mro__ if "ImageProcessor" in c.__name__),
+            type(image_processor).__name__,
+        )
+    return name.removesuffix("Fast")
+
+
+def processor_resize(image_processor: Any, patch: int | None = None) -> ResizeSpec:
+    """The frame an image is sent in, from an image processor or its config dict (a checkpoint's
+    ``preprocessor_config.json``), by that processor's own rule (see the module's docstring).
+
+    ``patch`` is the side multiple a Pixtral *processor* passes its image processor (its
+    ``patch_size`` x ``spatial_merge_size``: Mistral 3 keeps them there, not in the image
+    processor's config).
+    """
 
     def get(key: str, default: Any = None) -> Any:
         if isinstance(image_processor, Mapping):
             return image_processor.get(key, default)
         return getattr(image_processor, key, default)
 
+    def side(value: Any) -> int:
+        """A patch or tile side given as an int or as ``{"height": h, "width": w}``."""
+        if isinstance(value, Mapping):
+            return int(value.get("height") or value.get("width") or value.get("longest_edge"))
+        return int(value)
+
+    kind = _kind(image_processor)
     size = get("size") or {}
-    factor = int(get("patch_size") * (get("merge_size") or 2))
-    min_pixels = int(size.get("shortest_edge") or get("min_pixels") or factor * factor)
-    max_pixels = int(size.get("longest_edge") or get("max_pixels") or 1280 * factor * factor)
-    return ResizeSpec(factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    if kind.startswith("Qwen2VLImageProcessor") or get("merge_size") and get("temporal_patch_size"):
+        factor = int(side(get("patch_size")) * (get("merge_size") or 2))
+        min_pixels = int(size.get("shortest_edge") or get("min_pixels") or factor * factor)
+        max_pixels = int(size.get("longest_edge") or get("max_pixels") or 1280 * factor * factor)
+        return ResizeSpec(factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    if kind.startswith("PixtralImageProcessor"):
+        patch = patch or side(get("patch_size") or 16)
+        longest = int(size.get("longest_edge") or 1024)
+        return ResizeSpec(
+            factor=patch, min_pixels=1, max_pixels=longest * longest, max_side=longest
+        )
+    return ResizeSpec(factor=1, min_pixels=1, max_pixels=_most_pixels(get, size, kind))
+
+
+def _most_pixels(get: Any, size: Mapping, kind: str) -> int:
+    """The most pixels of an image a tiling or squashing processor makes use of."""
+    pinpoints = get("image_grid_pinpoints")  # LLaVA-NeXT / OneVision: the largest grid
+    if pinpoints:
+        return int(max(h * w for h, w in pinpoints))
+    tile = int(size.get("height") or 0) * int(size.get("width") or 0)
+    if get("crop_to_patches") and tile:  # InternVL (GotOcr2): up to max_patches tiles
+        return int(get("max_patches") or 12) * tile
+    if tile:  # Gemma 3, PaliGemma, SigLIP: one square
+        return tile
+    longest = size.get("longest_edge")  # Idefics3 / SmolVLM: the longer side, then tiles
+    if longest:
+        return int(longest) * int(longest)
+    shortest = size.get("shortest_edge")
+    if shortest:
+        return int(shortest) * int(shortest)
+    default = ResizeSpec().max_pixels
+    log.warning(
+        "no image size in the %s config: images go out at most %d pixels (%d x %d)",
+        kind or "image processor",
+        default,
+        math.isqrt(default),
+        math.isqrt(default),
+    )
+    return default

@@ -18,6 +18,7 @@ from langchain_core.messages.ai import UsageMetadata
 
 from ..protocol import parse_deepeyes
 from .batching import RowKeys
+from .collate import pad_cat
 from .image_cache import vision_keys
 from .memory import is_out_of_memory
 
@@ -71,8 +72,6 @@ class BatchedGeneration:
         )
 
     def _collate(self, prepared: Sequence[dict]) -> dict:
-        import torch
-
         pad_id = self.processor.tokenizer.pad_token_id
         lengths = [p["inputs"]["input_ids"].shape[1] for p in prepared]
         longest = max(lengths)
@@ -91,8 +90,8 @@ class BatchedGeneration:
                 for i, (v, n) in enumerate(zip(values, lengths, strict=True)):
                     padded[i, longest - n :] = v[0]
                 batch[key] = padded
-            else:  # pixel values and grids: concatenated in request order
-                batch[key] = torch.cat([v for v in values if v is not None], dim=0)
+            else:  # pixels, grids, image sizes: joined in request order, as the processor pads
+                batch[key] = pad_cat([v for v in values if v is not None])
         device = self.hf_model.device
         return {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
 

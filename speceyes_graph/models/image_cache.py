@@ -8,21 +8,27 @@ the content key the graph already gives it (a ``blob://`` sha256), and reuses it
 
 It wraps the processor's ``image_processor`` and takes the keys of the images of the
 current call from :func:`image_keys` (the processor passes the images through in order).
-Calls without keys (inline base64 images, other callers) go straight through. The images
-of one call are processed one by one and concatenated, which is what the Qwen-VL image
-processors do internally (``tests/test_throughput.py`` checks the result is equal).
+Calls without keys (inline base64 images, other callers) go straight through. Where a
+family's output for several images is its per-image outputs joined (Qwen-VL, Pixtral,
+LLaVA-NeXT, LLaVA-OneVision: checked once per processor settings on two synthetic images),
+the images of a call are processed and kept one by one; otherwise (Idefics3 groups an
+image's tiles per prompt) the whole call's output is kept, keyed by all its images
+(``tests/test_families.py`` checks both give the processor's own result).
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+from .collate import pad_cat
 
 __all__ = ["CachedImageProcessor", "CachedVisionEncoder", "image_keys", "vision_keys"]
 
@@ -79,6 +85,31 @@ class _BytesLRU:
             self._bytes = 0
 
 
+_PROBES = ((48, 64), (96, 40))  # (height, width) of the layout probe's two images
+
+
+def _nested(images: Any) -> bool:
+    """Whether the processor passed images grouped per prompt (``[[a, b], [c]]``)."""
+    return (
+        isinstance(images, (list, tuple)) and bool(images) and isinstance(images[0], (list, tuple))
+    )
+
+
+def _grouping(images: Any) -> Any:
+    """The nesting of a call's images (which prompt each belongs to), without the pixels."""
+    if isinstance(images, (list, tuple)):
+        return tuple(_grouping(item) for item in images)
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+    return bool(a == b)
+
+
 def _flat(images: Any) -> list:
     if isinstance(images, (list, tuple)):
         return [leaf for item in images for leaf in _flat(item)]
@@ -107,10 +138,11 @@ class CachedImageProcessor(_CountedCache):
 
     def __init__(self, inner: Any, max_bytes: int = 1 << 30):
         self.inner = inner
+        self._layouts: dict[str, bool] = {}  # settings -> whether per-image outputs join
         super().__init__(max_bytes)
 
     def __getattr__(self, name: str) -> Any:  # everything else is the wrapped processor's
-        if name in ("inner", "_cache"):
+        if name in ("inner", "_cache", "_layouts"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
@@ -125,25 +157,51 @@ class CachedImageProcessor(_CountedCache):
             or kwargs.get("return_tensors") != "pt"
         ):
             return self.inner(images, *args, **kwargs)
-        import torch
         from transformers import BatchFeature
 
         settings = repr(sorted(kwargs.items()))
-        parts = [self._one(image, (key, settings), kwargs) for image, key in zip(flat, keys)]
-        names = list(parts[0])
-        if any(list(p) != names for p in parts) or not all(
-            isinstance(v, torch.Tensor) for p in parts for v in p.values()
-        ):  # not a per-image tensor layout we know how to join: process uncached
-            return self.inner(images, *args, **kwargs)
-        joined = {n: torch.cat([p[n] for p in parts], dim=0) for n in names}
-        return BatchFeature(joined, tensor_type="pt")
+        if len(flat) > 1 and not self._joins_per_image(images, settings, kwargs):
+            # one entry for the whole call, keyed by its images and their grouping
+            whole = (tuple(keys), _grouping(images), settings)
+            return BatchFeature(self._one(images, whole, kwargs), tensor_type=None)
+        nested = _nested(images)
+        parts = [
+            self._one([[image]] if nested else [image], (key, settings), kwargs)
+            for image, key in zip(flat, keys, strict=True)
+        ]
+        joined = {name: pad_cat([p[name] for p in parts]) for name in parts[0]}
+        return BatchFeature(joined, tensor_type=None)
 
-    def _one(self, image: Any, key: tuple, kwargs: dict) -> dict:
+    def _joins_per_image(self, images: Any, settings: str, kwargs: dict) -> bool:
+        """Whether this processor's output for several images is its outputs for each image
+        alone, joined by :func:`pad_cat` (Qwen-VL, Pixtral, LLaVA-OneVision do; Idefics3
+        groups an image's tiles per prompt): tried once per settings on two synthetic images
+        of different shapes, in the nesting the processor used."""
+        known = self._layouts.get(settings)
+        if known is None:
+            import numpy as np
+
+            rng = np.random.default_rng(0)
+            probes = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in _PROBES]
+            nested = _nested(images)
+            together = dict(self.inner([probes] if nested else probes, **kwargs))
+            alone = [dict(self.inner([[p]] if nested else [p], **kwargs)) for p in probes]
+            try:
+                joined = {name: pad_cat([a[name] for a in alone]) for name in alone[0]}
+                known = set(joined) == set(together) and all(
+                    _same(joined[name], together[name]) for name in together
+                )
+            except (TypeError, ValueError):
+                known = False
+            self._layouts[settings] = known
+        return known
+
+    def _one(self, images: list, key: tuple, kwargs: dict) -> dict:
         hit = self._cache.get(key)
         if hit is not None:
             self.hits += 1
             return hit
-        out = dict(self.inner([image], **kwargs))
+        out = dict(self.inner(images, **kwargs))
         self.misses += 1
         self._cache.put(key, out)
         return out
@@ -165,41 +223,95 @@ def vision_keys(keys: Sequence[str | None]) -> Any:
 
 
 class CachedVisionEncoder(_CountedCache):
-    """Wraps a Qwen-VL base model's ``get_image_features``: each image's encoder output is
-    kept by content key and reused by later calls (the judge's image on the agent's turns,
-    the original image on every turn after a zoom).
+    """Wraps a model's ``get_image_features``: each image's encoder output is kept by content
+    key and reused by later calls (the judge's image on the agent's turns, the original image
+    on every turn after a zoom).
+
+    Images not cached are encoded together, as without the cache, and split per image. Two
+    layouts split: Qwen-VL's, whose patches of all images are flattened and counted by
+    ``image_grid_thw`` (outputs per-image tuples in ``pooler_output``, lists of them in
+    ``deepstack_features``, or tensors over all patches), and one row per image (Gemma 3,
+    PaliGemma, Mistral 3, LLaVA-NeXT, LLaVA-OneVision prompts of one image: every input
+    tensor's first dimension counts images; ``pooler_output``, all the model reads, is split
+    by image). Anything else (InternVL's tiles of one image on several rows, Idefics3's rows
+    per prompt, a LLaVA-OneVision prompt of two images, whose features depend on it) is
+    encoded uncached, as before: correct, just not reused.
 
     Exact: an image's output does not depend on the other images encoded with it (checked
     bitwise, fp32 and bf16, on the full-size Qwen2.5-VL-7B and Qwen3-VL-2B vision towers;
-    ``tests/test_throughput.py`` checks equal logits end to end), so images not cached are
-    encoded together, as without the cache, and split. Outputs are per-image tuples
-    (``pooler_output``), lists of them (``deepstack_features``) or tensors over all patches.
+    ``tests/test_throughput.py`` and ``tests/test_families.py`` check equal logits end to
+    end).
     """
 
     def __init__(self, encode: Any, merge_size: int, max_bytes: int = 256 << 20):
         self.encode = encode
         self.merge_size = merge_size
+        self._signature = inspect.signature(encode)
         super().__init__(max_bytes)
         functools.update_wrapper(self, encode)  # generate inspects the signature
 
-    def __call__(self, pixel_values: Any, image_grid_thw: Any = None, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         keys = _VISION_KEYS.get()
-        if keys is None or image_grid_thw is None or len(keys) != len(image_grid_thw):
-            return self.encode(pixel_values, image_grid_thw, **kwargs)
-        if any(k is None for k in keys) or kwargs.get("return_dict") is False:
-            return self.encode(pixel_values, image_grid_thw, **kwargs)
+        if keys is None or any(k is None for k in keys) or kwargs.get("return_dict") is False:
+            return self.encode(*args, **kwargs)
+        try:
+            named = self._signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            return self.encode(*args, **kwargs)
+        for name, param in self._signature.parameters.items():
+            if param.kind is param.VAR_KEYWORD:
+                named = {**{k: v for k, v in named.items() if k != name}, **named.get(name, {})}
+        layout = self._layout(named, len(keys))
+        if layout is None:
+            return self.encode(**named)
+        return self._cached(named, keys, *layout)
+
+    def _layout(self, named: dict, n: int) -> tuple[list[str], list[int], list[int]] | None:
+        """(the inputs split per image, each image's input rows, its output tokens), or None
+        where the inputs are not one of the two layouts that split."""
         import torch
 
-        patches = image_grid_thw.prod(-1).tolist()
-        starts = [0, *itertools.accumulate(patches)]
+        grid = named.get("image_grid_thw")
+        pixels = named.get("pixel_values")
+        if not isinstance(pixels, torch.Tensor):
+            return None
+        if grid is not None:
+            if len(grid) != n:
+                return None
+            patches = [int(p) for p in grid.prod(-1).tolist()]
+            return (
+                ["pixel_values", "image_grid_thw"],
+                patches,
+                [p // self.merge_size**2 for p in patches],
+            )
+        tensors = [k for k, v in named.items() if isinstance(v, torch.Tensor) and v.ndim >= 1]
+        if any(named[k].shape[0] != n for k in tensors):
+            return None
+        return tensors, [1] * n, [1] * n
+
+    def _cached(self, named: dict, keys: Sequence[str], split: list[str], rows: list[int], tokens: list[int]) -> Any:  # fmt: skip
+        import torch
+
+        starts = [0, *itertools.accumulate(rows)]
         found = {k: self._cache.get(k) for k in keys}
         missing = [i for i, k in enumerate(keys) if found[k] is None]
         if missing:  # encoded together, as without the cache, then split per image
-            pixels = torch.cat([pixel_values[starts[i] : starts[i + 1]] for i in missing])
-            out = self.encode(pixels, image_grid_thw[missing], **kwargs)
-            tokens = [patches[i] // self.merge_size**2 for i in missing]
+            part = dict(named)
+            for name in split:
+                per_row = name == "pixel_values" or rows == [1] * len(rows)
+                bounds = starts if per_row else list(range(len(keys) + 1))
+                part[name] = torch.cat([named[name][bounds[i] : bounds[i + 1]] for i in missing])
+            out = self.encode(**part)
+            grid = "image_grid_thw" in split
             for j, i in enumerate(missing):
-                found[keys[i]] = _one_image(out, j, tokens, [patches[m] for m in missing])
+                one = _one_image(
+                    out, j, [tokens[m] for m in missing], [rows[m] for m in missing], not grid
+                )
+                if not grid:  # one row per image: only the features the model reads
+                    one = {"__class__": one["__class__"], "pooler_output": one["pooler_output"]}
+                    if not _is_part(one["pooler_output"]):
+                        return self.encode(**named)  # not split by image after all
+                found[keys[i]] = one
             for i in missing:
                 self._cache.put(keys[i], found[keys[i]])
         self.hits += len(keys) - len(missing)
@@ -216,12 +328,23 @@ class CachedVisionEncoder(_CountedCache):
         self._cache.clear()
 
 
-def _one_image(out: Any, j: int, tokens: list[int], patches: list[int]) -> dict:
+_WHOLE = object()  # an output field not split by image
+
+
+def _is_part(value: Any) -> bool:
+    return value is not _WHOLE and value is not None
+
+
+def _one_image(out: Any, j: int, tokens: list[int], patches: list[int], rows: bool = False) -> dict:
     """Image ``j``'s part of an encoder output (per-image tuples, lists of them, or tensors
-    over all merged tokens or all patches)."""
+    over all merged tokens or all patches); a field that is none of these is kept whole.
+    ``rows``: the output has one entry per image (a sequence of them becomes a tuple of
+    one); a field that is not is marked ``_WHOLE``."""
     import torch
 
     def part(value: Any) -> Any:
+        if rows and isinstance(value, (tuple, list)):
+            return (value[j],) if len(value) == len(tokens) else _WHOLE
         if isinstance(value, tuple) and len(value) == len(tokens):
             return (value[j],)
         if isinstance(value, list):
@@ -231,6 +354,7 @@ def _one_image(out: Any, j: int, tokens: list[int], patches: list[int]) -> dict:
                 if value.shape[0] == sum(sizes):
                     start = sum(sizes[:j])
                     return value[start : start + sizes[j]]
+            return _WHOLE if rows else value
         return value
 
     one = {name: part(value) for name, value in out.items()}

@@ -126,18 +126,25 @@ def _sglang_model_path(base_url: str, api_key: str, timeout: float) -> str | Non
 
 
 def _checkpoint_resize(folder: Path) -> ResizeSpec | None:
-    """The image frame a checkpoint folder's processor config sets, if it has one."""
-    for file, key in (("processor_config.json", "image_processor"), ("preprocessor_config.json", None)):  # fmt: skip
-        path = folder / file
-        if path.is_file():
-            try:
-                config = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            config = config.get(key, config) if key else config
-            if isinstance(config, Mapping) and "patch_size" in config:
-                return processor_resize(config)
-    return None
+    """The image frame a checkpoint folder's processor config sets, if it has one
+    (``processor_config.json``, with the image processor's settings inside or beside it in
+    ``preprocessor_config.json``)."""
+    processor = _json_object(folder / "processor_config.json")
+    image = processor.get("image_processor") or _json_object(folder / "preprocessor_config.json")
+    if not isinstance(image, Mapping) or not ("image_processor_type" in image or "size" in image):
+        return None
+    # a Pixtral processor passes its own patch x merge to its image processor
+    patch, merge = processor.get("patch_size"), processor.get("spatial_merge_size")
+    pixtral = isinstance(patch, int) and isinstance(merge, int)
+    return processor_resize(image, patch=patch * merge if pixtral else None)
+
+
+def _json_object(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def served_resize(
