@@ -9,6 +9,7 @@ gives alone; one BOS; the frame an image is sent in is the family's own processo
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -300,3 +301,88 @@ def test_a_request_of_two_images_is_what_transformers_makes(tiny_families, famil
         assert set(inputs) == set(own), family
         for name, value in own.items():
             assert torch.equal(inputs[name], value), (family, name)
+
+
+# The published processor configs (their frame-deciding keys; sources in docs/models.md) and
+# the frame each gives: the family's own rule, never Qwen's formula on another processor.
+PUBLISHED = {
+    "Qwen/Qwen2.5-VL-7B-Instruct": (
+        {"image_processor_type": "Qwen2_5_VLImageProcessor", "min_pixels": 3136,
+         "max_pixels": 12845056, "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2},
+        None, (28, 3136, 12845056, None),
+    ),
+    "Qwen/Qwen3-VL-2B-Instruct": (
+        {"image_processor_type": "Qwen2VLImageProcessorFast", "patch_size": 16, "merge_size": 2,
+         "temporal_patch_size": 2, "size": {"shortest_edge": 65536, "longest_edge": 16777216}},
+        None, (32, 65536, 16777216, None),
+    ),
+    "mistral-community/pixtral-12b": (
+        {"image_processor_type": "PixtralImageProcessor",
+         "patch_size": {"height": 16, "width": 16}, "size": {"longest_edge": 1024}},
+        None, (16, 1, 1024 * 1024, 1024),
+    ),
+    "mistralai/Mistral-Small-3.1-24B-Instruct-2503": (
+        {"image_processor_type": "PixtralImageProcessorFast", "patch_size": 14,
+         "size": {"longest_edge": 1540}},
+        28, (28, 1, 1540 * 1540, 1540),
+    ),
+    "google/gemma-3-4b-it": (
+        {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 896, "width": 896},
+         "do_pan_and_scan": None},
+        None, (1, 1, 896 * 896, None),
+    ),
+    "google/paligemma-3b-mix-448": (
+        {"image_processor_type": "SiglipImageProcessor", "size": {"height": 448, "width": 448}},
+        None, (1, 1, 448 * 448, None),
+    ),
+    "OpenGVLab/InternVL3-1B-hf": (  # crop_to_patches is stored off; the processor turns it on
+        {"image_processor_type": "GotOcr2ImageProcessorFast", "crop_to_patches": False,
+         "max_patches": 12, "size": {"height": 448, "width": 448}},
+        None, (1, 1, 12 * 448 * 448, None),
+    ),
+    "HuggingFaceM4/Idefics3-8B-Llama3": (
+        {"image_processor_type": "Idefics3ImageProcessor", "size": {"longest_edge": 1456}},
+        None, (1, 1, 1456 * 1456, None),
+    ),
+    "llava-hf/llava-v1.6-mistral-7b-hf": (
+        {"image_processor_type": "LlavaNextImageProcessor", "size": {"shortest_edge": 336},
+         "image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]},
+        None, (1, 1, 672 * 672, None),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_published_configs_give_their_own_frames(name, tmp_path):
+    """The frame from each published config (local: the image processor's settings; served:
+    the checkpoint folder's files) by that family's rule, and by name alone where no config
+    can be read."""
+    from speceyes_graph.models.families import FAMILIES, family_of
+
+    config, processor_patch, (factor, min_pixels, max_pixels, max_side) = PUBLISHED[name]
+    spec = processor_resize(config, patch=processor_patch)
+    assert (spec.factor, spec.min_pixels, spec.max_pixels, spec.max_side) == (
+        factor, min_pixels, max_pixels, max_side
+    )  # fmt: skip
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    (folder / "preprocessor_config.json").write_text(json.dumps(config))
+    if processor_patch:  # Mistral 3 keeps patch x merge in processor_config.json
+        (folder / "processor_config.json").write_text(
+            json.dumps({"patch_size": processor_patch // 2, "spatial_merge_size": 2})
+        )
+    assert _checkpoint_resize(folder) == spec
+    assert FAMILIES[family_of(name)] == spec
+
+
+def test_a_served_model_says_how_it_writes_boxes(tiny_families):
+    from speceyes_graph.models.served import ServedModelInfo, served_boxes
+
+    def info(root):
+        return ServedModelInfo(name="m", root=str(root), max_model_len=None)
+
+    assert served_boxes("large", info(tiny_families["qwen2.5-vl"])) == "model"
+    assert served_boxes("small", info(tiny_families["qwen3-vl"])) == "thousand"
+    assert served_boxes("g", info(tiny_families["gemma3"])) is None
+    assert served_boxes("ChenShawn/DeepEyes-7B", None) == "model"
+    assert served_boxes("google/gemma-3-4b-it", None) is None

@@ -50,15 +50,21 @@ embeddings, and weight matrices a model initialises to zero are randomised.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from speceyes_graph.demo.family_templates import CHAT_TEMPLATES, PALIGEMMA_CHAT_TEMPLATE
+from speceyes_graph.demo.family_tokenizers import (
+    gemma3_tokenizer,
+    llama2_tokenizer,
+    llama3_tokenizer,
+    paligemma_tokenizer,
+    qwen2_tokenizer,
+    smollm2_tokenizer,
+    tekken_tokenizer,
+)
 from speceyes_graph.demo.tiny import (
-    _CORPUS_LINES,
-    ADDED_TOKENS,
-    QWEN_CHAT_TEMPLATE,
     TINY_ARCH,
     _processor,
     _quiet_save,
@@ -85,591 +91,6 @@ FAMILIES: tuple[str, ...] = (
     "paligemma",
     "llava-next",
 )
-
-# ----------------------------------------------------------------------------------------------
-# Chat templates, verbatim as each instruct checkpoint ships them (whitespace included, since
-# the rendered prompt is what the model sees).
-# ----------------------------------------------------------------------------------------------
-
-# HuggingFaceM4/Idefics3-8B-Llama3, processor chat template (also quoted by Idefics3 fine-tuning
-# code and ModernVBert's DEFAULT_CHAT_TEMPLATE). Starts with the literal BOS that the Llama 3
-# tokenizer also adds: the processor's own ``apply_chat_template(tokenize=True)`` then turns
-# ``add_special_tokens`` off, a plain ``processor(text=...)`` call does not.
-_IDEFICS3_TEMPLATE = (
-    "<|begin_of_text|>{% for message in messages %}{{message['role'].capitalize()}}"
-    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
-    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
-    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}"
-    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
-)
-
-# HuggingFaceTB/SmolVLM2-2.2B-Instruct, chat_template.json (the same string transformers keeps
-# as DEFAULT_CHAT_TEMPLATE in models/smolvlm/processing_smolvlm.py, before its later string-
-# content branch). ``<|im_start|>`` is also this tokenizer's bos_token; it is written once.
-_SMOLVLM_TEMPLATE = (
-    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
-    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
-    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
-    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% elif line['type'] == 'video' %}"
-    "{{ '<video>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
-)
-
-# llava-hf/llava-onevision-qwen2-*-ov-hf, from transformers'
-# models/llava_onevision/convert_llava_onevision_weights_to_hf.py (images, then videos, then
-# text, whatever order the parts come in; no default system prompt).
-_LLAVA_ONEVISION_TEMPLATE = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
-    "{# Render all images first #}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
-    "{{ '<image>\n' }}{% endfor %}"
-    "{# Render all video then #}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}"
-    "{{ '<video>\n' }}{% endfor %}"
-    "{# Render all text next #}"
-    "{% if message['role'] != 'assistant' %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
-    "{{ content['text'] }}{% endfor %}"
-    "{% else %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
-    "{% generation %}{{ content['text'] }}{% endgeneration %}{% endfor %}"
-    "{% endif %}"
-    "{{'<|im_end|>' + '\n'}}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-# google/gemma-3-*-it, chat_template.json; the same text is _CHAT_TEMPLATE in transformers'
-# models/gemma3/convert_gemma3_weights.py. Starts with {{ bos_token }} (the tokenizer also adds
-# <bos>); roles must alternate user/assistant, so a "tool" turn raises as with the real one.
-_GEMMA3_TEMPLATE = """{{ bos_token }}
-{%- if messages[0]['role'] == 'system' -%}
-    {%- if messages[0]['content'] is string -%}
-        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
-    {%- else -%}
-        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
-    {%- endif -%}
-    {%- set loop_messages = messages[1:] -%}
-{%- else -%}
-    {%- set first_user_prefix = "" -%}
-    {%- set loop_messages = messages -%}
-{%- endif -%}
-{%- for message in loop_messages -%}
-    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
-        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
-    {%- endif -%}
-    {%- if (message['role'] == 'assistant') -%}
-        {%- set role = "model" -%}
-    {%- else -%}
-        {%- set role = message['role'] -%}
-    {%- endif -%}
-    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
-    {%- if message['content'] is string -%}
-        {{ message['content'] | trim }}
-    {%- elif message['content'] is iterable -%}
-        {%- for item in message['content'] -%}
-            {%- if item['type'] == 'image' -%}
-                {{ '<start_of_image>' }}
-            {%- elif item['type'] == 'text' -%}
-                {{ item['text'] | trim }}
-            {%- endif -%}
-        {%- endfor -%}
-    {%- else -%}
-        {{ raise_exception("Invalid content type") }}
-    {%- endif -%}
-    {{ '<end_of_turn>\n' }}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-    {{'<start_of_turn>model\n'}}
-{%- endif -%}
-"""
-
-# OpenGVLab/InternVL3-*-hf, from transformers' models/internvl/convert_internvl_weights_to_hf.py
-# (the converted checkpoints write the <IMG_CONTEXT> placeholder that the processor expands into
-# <img><IMG_CONTEXT>...</img>; no default system prompt in the -hf template).
-_INTERNVL_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{'<|im_start|>' + message['role'] + '\n'}}"
-    "{% if message['content'] is string %}"
-    "{{ message['content'] }}"
-    "{% else %}"
-    "{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' %}"
-    "{{ '<IMG_CONTEXT>\n' }}"
-    "{% elif content['type'] == 'video' %}"
-    "{{ '<video>\n' }}"
-    "{% elif content['type'] == 'text' %}"
-    "{{ content['text'] }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% endif %}"
-    "{{'<|im_end|>\n'}}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}"
-    "{{'<|im_start|>assistant\n' }}"
-    "{% endif %}"
-)
-
-# mistralai/Mistral-Small-3.1-24B-Instruct-2503, chat_template.json of the transformers-format
-# files (as quoted in public code that injects it; its default system prompt still names
-# "Mistral Small 3" and carries today's date, rendered with strftime_now). Starts with
-# {{- bos_token }} (the tokenizer also adds <s>); "tool" turns raise, as with the real one.
-_MISTRAL3_DEFAULT_SYSTEM = (
-    "You are Mistral Small 3, a Large Language Model (LLM) created by Mistral AI, a French "
-    "startup headquartered in Paris.\\nYour knowledge base was last updated on 2023-10-01. The "
-    'current date is " + today + ".\\n\\nWhen you\'re not sure about some information, you say '
-    "that you don't have the information and don't make up anything.\\nIf the user's question is "
-    "not clear, ambiguous, or does not provide enough context for you to accurately answer the "
-    "question, you do not try to answer it right away and you rather ask the user to clarify "
-    'their request (e.g. \\"What are some good restaurants around me?\\" => \\"Where are you?\\" '
-    'or \\"When is the next flight to Tokyo\\" => \\"Where do you travel from?\\")'
-)
-_MISTRAL3_TEMPLATE = (
-    '{%- set today = strftime_now("%Y-%m-%d") %}'
-    '{%- set default_system_message = "' + _MISTRAL3_DEFAULT_SYSTEM + '" %}'
-    "\n\n{{- bos_token }}\n\n"
-    "{%- if messages[0]['role'] == 'system' %}"
-    "{%- if messages[0]['content'] is string %}"
-    "{%- set system_message = messages[0]['content'] %}"
-    "{%- else %}"
-    "{%- set system_message = messages[0]['content'][0]['text'] %}"
-    "{%- endif %}"
-    "{%- set loop_messages = messages[1:] %}"
-    "{%- else %}"
-    "{%- set system_message = default_system_message %}"
-    "{%- set loop_messages = messages %}"
-    "{%- endif %}"
-    "{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}\n\n"
-    "{%- for message in loop_messages %}"
-    "{%- if message['role'] == 'user' %}"
-    "{%- if message['content'] is string %}"
-    "{{- '[INST]' + message['content'] + '[/INST]' }}"
-    "{%- else %}"
-    "{{- '[INST]' }}"
-    "{%- for block in message['content'] %}"
-    "{%- if block['type'] == 'text' %}"
-    "{{- block['text'] }}"
-    "{%- elif block['type'] in ['image', 'image_url'] %}"
-    "{{- '[IMG]' }}"
-    "{%- else %}"
-    "{{- raise_exception('Only text and image blocks are supported in message content!') }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{{- '[/INST]' }}"
-    "{%- endif %}"
-    "{%- elif message['role'] == 'system' %}"
-    "{%- if message['content'] is string %}"
-    "{{- '[SYSTEM_PROMPT]' + message['content'] + '[/SYSTEM_PROMPT]' }}"
-    "{%- else %}"
-    "{{- '[SYSTEM_PROMPT]' + message['content'][0]['text'] + '[/SYSTEM_PROMPT]' }}"
-    "{%- endif %}"
-    "{%- elif message['role'] == 'assistant' %}"
-    "{%- if message['content'] is string %}"
-    "{{- message['content'] + eos_token }}"
-    "{%- else %}"
-    "{{- message['content'][0]['text'] + eos_token }}"
-    "{%- endif %}"
-    "{%- else %}"
-    "{{- raise_exception('Only user, system and assistant roles are supported!') }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-)
-
-# llava-hf/llava-v1.6-mistral-7b-hf, chat_template.json (current revision, which closes
-# assistant turns with '</s> '; an older one wrote a literal '<\\s> '). No BOS in the template:
-# the Llama/Mistral tokenizer adds <s>.
-_LLAVA_NEXT_TEMPLATE = (
-    "{% for message in messages %}{% if message['role'] == 'system' %}"
-    "{{ '<<SYS>>\n' + message['content'][0]['text'] + '\n<</SYS>>\n\n' }}"
-    "{% elif message['role'] == 'user' %}{{ '[INST] ' }}"
-    "{# Render all images first #}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
-    "{{ '<image>\n' }}{% endfor %}"
-    "{# Render all text next #}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
-    "{{ content['text'] }}{% endfor %}{{' [/INST]' }}"
-    "{% elif message['role'] == 'assistant' %}{{ ' ' + message['content'][0]['text'] + '</s> '}}"
-    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}"
-    "{% endif %}{% endfor %}"
-)
-
-CHAT_TEMPLATES: dict[str, str] = {
-    "qwen2.5-vl": QWEN_CHAT_TEMPLATE,
-    "qwen3-vl": QWEN_CHAT_TEMPLATE,
-    "idefics3": _IDEFICS3_TEMPLATE,
-    "smolvlm": _SMOLVLM_TEMPLATE,
-    "llava-onevision": _LLAVA_ONEVISION_TEMPLATE,
-    "gemma3": _GEMMA3_TEMPLATE,
-    "internvl": _INTERNVL_TEMPLATE,
-    "mistral3": _MISTRAL3_TEMPLATE,
-    # PaliGemma checkpoints ship no chat template; see PALIGEMMA_CHAT_TEMPLATE.
-    "llava-next": _LLAVA_NEXT_TEMPLATE,
-}
-"""The chat template saved with each family's checkpoint (PaliGemma saves none)."""
-
-PALIGEMMA_CHAT_TEMPLATE: str = (
-    "{%- for message in messages -%}"
-    "{%- if message['content'] is not string -%}"
-    "{%- for part in message['content'] if part['type'] == 'image' -%}<image>{%- endfor -%}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- for message in messages -%}"
-    "{%- if message['content'] is string -%}{{ message['content'] }}"
-    "{%- else -%}"
-    "{%- for part in message['content'] if part['type'] == 'text' -%}{{ part['text'] }}"
-    "{%- endfor -%}"
-    "{%- endif -%}"
-    "{%- if not loop.last %}\n{% endif -%}"
-    "{%- endfor -%}"
-)
-"""A chat template a user would pass for PaliGemma, which ships none (it is a prefix-LM).
-
-It writes every image first, as ``<image>`` (the processor expands each to ``image_seq_length``
-tokens and inserts ``<bos>`` after the last one), then the text of every turn, one line each;
-the processor appends the ``\\n`` that separates PaliGemma's prefix from its answer, so
-``add_generation_prompt`` has nothing to add.
-"""
-
-# ----------------------------------------------------------------------------------------------
-# Tokenizers
-# ----------------------------------------------------------------------------------------------
-
-# Words the templates and prompts of the families use, so they tokenize into few pieces.
-_FAMILY_CORPUS = (
-    "User: Assistant: System: Tool: user assistant system model tool",
-    "<start_of_turn>user\n<end_of_turn>\n<start_of_turn>model\n",
-    "[INST] What is shown in this image? [/INST] The image shows a radar chart.",
-    "<<SYS>>\nYou are a helpful assistant.\n<</SYS>>\n\n",
-    "Mistral Small 3 Large Language Model created by Mistral AI, a French startup in Paris.",
-    "Your knowledge base was last updated on 2023-10-01. The current date is 2025-03-17.",
-    "answer en What is on the image? caption en detect cat ; segment dog",
-    "Frame from 00:01: You are provided the following series of frames from a video.",
-)
-
-# The pre-tokenizer regexes of the real byte-level vocabularies.
-_LLAMA3_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_TEKKEN_REGEX = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}|"
-    r" ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-
-_BYTE_FALLBACK = tuple(f"<0x{b:02X}>" for b in range(256))
-
-
-def _corpus() -> list[str]:
-    """Training text: tiny.py's lines plus the families' own words, repeated so every piece
-    clears the trainer's ``min_frequency``."""
-    return [line for _ in range(4) for line in (*_CORPUS_LINES, *_FAMILY_CORPUS)]
-
-
-def _train_bpe(pre_tokenizer: Any, normalizer: Any, alphabet: Sequence[str], size: int) -> Any:
-    """Train a BPE model on the corpus under the given pipeline; returns (pieces, merges)."""
-    from tokenizers import Tokenizer, models, trainers
-
-    bpe = Tokenizer(models.BPE())
-    bpe.normalizer = normalizer
-    bpe.pre_tokenizer = pre_tokenizer
-    trainer = trainers.BpeTrainer(
-        vocab_size=size,
-        min_frequency=2,
-        initial_alphabet=list(alphabet),
-        show_progress=False,
-        special_tokens=[],
-    )
-    bpe.train_from_iterator(_corpus(), trainer=trainer)
-    model = json.loads(bpe.to_str())["model"]
-    pieces = sorted(model["vocab"], key=model["vocab"].__getitem__)
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    return pieces, merges
-
-
-def _byte_level_bpe(
-    regex: str,
-    head: Sequence[str],
-    tail: Sequence[str],
-    *,
-    split_digits: bool = False,
-    size: int = 768,
-) -> Any:
-    """A byte-level BPE (GPT-2 / Llama 3 / Tekken style) as a ``tokenizers.Tokenizer``.
-
-    ``head`` tokens get the lowest ids (SmolLM2's and Tekken's control tokens come first),
-    ``tail`` tokens follow the learned pieces (Llama 3's come last). Every byte is in the
-    alphabet, so any string encodes and ``decode(encode(s)) == s``.
-    """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    steps = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
-    pre = pre_tokenizers.Sequence(
-        [
-            *steps,
-            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    pieces, merges = _train_bpe(pre, None, pre_tokenizers.ByteLevel.alphabet(), size)
-    vocab = {t: i for i, t in enumerate(dict.fromkeys([*head, *pieces, *tail]))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre
-    tok.decoder = decoders.ByteLevel()
-    return tok
-
-
-def _sentencepiece_bpe(head: Sequence[str], *, size: int = 768) -> tuple[dict[str, int], list]:
-    """Vocabulary and merges of a SentencePiece-style BPE (Llama 2 / Mistral / Gemma).
-
-    Pieces carry ``▁`` for spaces and the 256 ``<0xNN>`` byte tokens follow ``head`` (as in
-    the real vocabularies), so with ``byte_fallback`` any string encodes and decodes intact.
-    Trained word by word; the family's tokenizer class supplies its own pipeline on top.
-    """
-    from tokenizers import normalizers, pre_tokenizers
-
-    pieces, merges = _train_bpe(
-        pre_tokenizers.Split("▁", behavior="merged_with_next"),
-        normalizers.Replace(" ", "▁"),
-        (),
-        size,
-    )
-    ordered = dict.fromkeys([*head, *_BYTE_FALLBACK, *pieces])
-    return {t: i for i, t in enumerate(ordered)}, merges
-
-
-def _finish(tok: Any, specials: Sequence[str], chat_template: str | None) -> Any:
-    """Mark the family's control tokens special (never split, skipped by
-    ``skip_special_tokens``), add the agent-protocol tags as plain added tokens (single tokens
-    that decode intact), and set the chat template and left padding."""
-    from transformers import AddedToken
-
-    tok.add_special_tokens(
-        {
-            "additional_special_tokens": [
-                AddedToken(t, special=True, normalized=False) for t in specials
-            ]
-        },
-        replace_extra_special_tokens=False,
-    )
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
-    tok.padding_side = "left"
-    tok.chat_template = chat_template
-    return tok
-
-
-def _backend(tok: Any, **kwargs: Any) -> Any:
-    """Wrap a ``tokenizers.Tokenizer`` as transformers 5's ``TokenizersBackend`` (the class
-    ``PreTrainedTokenizerFast`` now names), which saves and reloads its tokenizer.json as is."""
-    from transformers import TokenizersBackend
-
-    return TokenizersBackend(tokenizer_object=tok, padding_side="left", **kwargs)
-
-
-def _llama3_tokenizer(template: str) -> Any:
-    """Idefics3-8B-Llama3's tokenizer: Llama 3's byte-level BPE with its reserved tokens last,
-    loaded as ``PreTrainedTokenizerFast`` and adding ``<|begin_of_text|>`` on encode."""
-    named = ("<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>", "<|eot_id|>")
-    image = ("<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>")
-    grid = tuple(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7))
-    specials = (*named, *image, *grid)
-    tok = _byte_level_bpe(_LLAMA3_REGEX, (), specials)
-    tok = _backend(
-        tok,
-        bos_token="<|begin_of_text|>",
-        eos_token="<|end_of_text|>",
-        pad_token="<|finetune_right_pad_id|>",
-        add_bos_token=True,
-        model_max_length=131072,
-    )
-    return _finish(tok, specials, template)
-
-
-def _smollm2_tokenizer(template: str) -> Any:
-    """SmolVLM2's tokenizer: SmolLM2's byte-level BPE with its control tokens first; bos is
-    ``<|im_start|>`` but nothing is added on encode (GPT2Tokenizer on the Hub, loaded as
-    ``TokenizersBackend`` by transformers 5)."""
-    head = (
-        "<|endoftext|>",
-        "<|im_start|>",
-        "<|im_end|>",
-        "<repo_name>",
-        "<reponame>",
-        "<file_sep>",
-        "<filename>",
-        "<gh_stars>",
-        "<issue_start>",
-        "<issue_comment>",
-        "<issue_closed>",
-        "<jupyter_start>",
-        "<jupyter_text>",
-        "<jupyter_code>",
-        "<jupyter_output>",
-        "<jupyter_script>",
-        "<empty_output>",
-    )
-    image = ("<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>")
-    grid = tuple(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7))
-    tail = (*image, "<video>", *grid)
-    tok = _byte_level_bpe(_GPT2_REGEX, head, tail, split_digits=True)  # SmolLM2 splits digits
-    tok = _backend(
-        tok,
-        bos_token="<|im_start|>",
-        eos_token="<end_of_utterance>",
-        pad_token="<|im_end|>",
-        unk_token="<|endoftext|>",
-        model_max_length=8192,
-        extra_special_tokens={
-            "fake_image_token": "<fake_token_around_image>",
-            "image_token": "<image>",
-            "end_of_utterance_token": "<end_of_utterance>",
-            "global_image_token": "<global-img>",
-            "video_token": "<video>",
-        },
-    )
-    return _finish(tok, (*head[:3], *tail), template)
-
-
-def _tekken_tokenizer(template: str) -> Any:
-    """Mistral Small 3.1's Tekken tokenizer: byte-level BPE whose control tokens take the
-    first ids (``[IMG]`` is 10 as in the real one), adding ``<s>`` on encode."""
-    head = (
-        "<unk>",
-        "<s>",
-        "</s>",
-        "[INST]",
-        "[/INST]",
-        "[AVAILABLE_TOOLS]",
-        "[/AVAILABLE_TOOLS]",
-        "[TOOL_RESULTS]",
-        "[/TOOL_RESULTS]",
-        "[TOOL_CALLS]",
-        "[IMG]",
-        "<pad>",
-        "[IMG_BREAK]",
-        "[IMG_END]",
-        "[PREFIX]",
-        "[MIDDLE]",
-        "[SUFFIX]",
-        "[SYSTEM_PROMPT]",
-        "[/SYSTEM_PROMPT]",
-        "[TOOL_CONTENT]",
-    )
-    tok = _byte_level_bpe(_TEKKEN_REGEX, head, ())
-    tok = _backend(
-        tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        pad_token="<pad>",
-        add_bos_token=True,
-        model_max_length=131072,
-    )
-    return _finish(tok, head, template)
-
-
-# Gemma's first ids: <pad> 0, <eos> 1, <bos> 2, <unk> 3, <mask> 4, [@BOS@] 5.
-_GEMMA_HEAD = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "[@BOS@]")
-
-
-def _gemma_tokenizer(
-    head: Sequence[str], specials: Sequence[str], template: str | None, **kw: Any
-) -> Any:
-    """A ``GemmaTokenizer`` (SentencePiece-style BPE with byte fallback) adding ``<bos>``.
-
-    transformers 5 rebuilds GemmaTokenizer from vocab + merges on load with this same
-    pipeline, keeping the saved post-processor, so what is saved is what loads.
-    """
-    from transformers import GemmaTokenizer
-
-    vocab, merges = _sentencepiece_bpe(head)
-    tok = GemmaTokenizer(
-        vocab=vocab,
-        merges=merges,
-        bos_token="<bos>",
-        eos_token="<eos>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        mask_token="<mask>",
-        add_bos_token=True,
-        add_eos_token=False,
-        padding_side="left",
-        clean_up_tokenization_spaces=False,
-        **kw,
-    )
-    return _finish(tok, specials, template)
-
-
-def _gemma3_tokenizer(template: str) -> Any:
-    """Gemma 3's tokenizer with its turn and image tokens (boi/eoi/image named as the real
-    tokenizer_config's ``extra_special_tokens`` name them, which Gemma3Processor reads)."""
-    turns = ("<start_of_turn>", "<end_of_turn>")
-    image = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
-    return _gemma_tokenizer(
-        (*_GEMMA_HEAD, *turns, *image),
-        (*turns, *image),
-        template,
-        model_max_length=131072,
-        extra_special_tokens={
-            "boi_token": "<start_of_image>",
-            "eoi_token": "<end_of_image>",
-            "image_token": "<image_soft_token>",
-        },
-    )
-
-
-def _paligemma_tokenizer() -> Any:
-    """PaliGemma's Gemma tokenizer with ``<image>``; PaliGemmaProcessor adds the 1024
-    ``<locNNNN>`` and 128 ``<segNNN>`` tokens itself and turns the BOS off, inserting it
-    after the image tokens instead."""
-    return _gemma_tokenizer((*_GEMMA_HEAD, "<image>"), ("<image>",), None, model_max_length=1000000)
-
-
-def _llama2_tokenizer(template: str) -> Any:
-    """llava-v1.6-mistral's tokenizer: Mistral 7B's SentencePiece BPE (``<unk>``, ``<s>``,
-    ``</s>``, then the byte tokens, as ids 0-258), with ``<image>`` and ``<pad>`` appended.
-
-    Built as ``LlamaTokenizer`` (its Hub class); transformers 5 loads llava_next's tokenizer as
-    ``TokenizersBackend`` from the saved tokenizer.json, so the pipeline round-trips.
-    """
-    from transformers import LlamaTokenizer
-
-    vocab, merges = _sentencepiece_bpe(("<unk>", "<s>", "</s>"))
-    for extra in ("<image>", "<pad>"):
-        vocab[extra] = len(vocab)
-    tok = LlamaTokenizer(
-        vocab=vocab,
-        merges=merges,
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        pad_token="<pad>",
-        add_bos_token=True,
-        add_eos_token=False,
-        legacy=False,
-        padding_side="left",
-        model_max_length=32768,
-    )
-    return _finish(tok, ("<image>", "<pad>"), template)
-
-
-def _qwen2_tokenizer(template: str, specials: Sequence[str], extra: dict[str, str]) -> Any:
-    """A Qwen2 tokenizer (tiny.py's, no BOS) with the family's image tokens added."""
-    import tempfile
-
-    from transformers import Qwen2Tokenizer
-
-    tok = build_tokenizer()
-    # the image tokens first (their ids in this order), then named (``tokenizer.image_token``
-    # ...) the way the real conversions name them: by reloading with ``extra_special_tokens``
-    tok.add_special_tokens(
-        {"additional_special_tokens": list(specials)}, replace_extra_special_tokens=False
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        tok.save_pretrained(tmp)
-        tok = Qwen2Tokenizer.from_pretrained(tmp, extra_special_tokens=extra)
-    return _finish(tok, specials, template)
-
 
 # ----------------------------------------------------------------------------------------------
 # Models
@@ -770,7 +191,7 @@ def _build_idefics3(out: Path) -> None:
     )
 
     tile, scale = 32, 2
-    tok = _llama3_tokenizer(_IDEFICS3_TEMPLATE)
+    tok = llama3_tokenizer(CHAT_TEMPLATES["idefics3"])
     image_seq_len = (tile // _PATCH) ** 2 // scale**2
     processor = Idefics3Processor(
         image_processor=Idefics3ImageProcessor(
@@ -781,7 +202,7 @@ def _build_idefics3(out: Path) -> None:
         ),
         tokenizer=tok,
         image_seq_len=image_seq_len,
-        chat_template=_IDEFICS3_TEMPLATE,
+        chat_template=CHAT_TEMPLATES["idefics3"],
     )
     config = Idefics3Config(
         vision_config={**_VISION, "image_size": tile, "patch_size": _PATCH},
@@ -806,7 +227,7 @@ def _build_smolvlm(out: Path) -> None:
     )
 
     tile, scale = 48, 3
-    tok = _smollm2_tokenizer(_SMOLVLM_TEMPLATE)
+    tok = smollm2_tokenizer(CHAT_TEMPLATES["smolvlm"])
     image_seq_len = (tile // _PATCH) ** 2 // scale**2
     image_processor = SmolVLMImageProcessor(
         size={"longest_edge": 4 * tile},
@@ -822,7 +243,7 @@ def _build_smolvlm(out: Path) -> None:
         tokenizer=tok,
         video_processor=video_processor,
         image_seq_len=image_seq_len,
-        chat_template=_SMOLVLM_TEMPLATE,
+        chat_template=CHAT_TEMPLATES["smolvlm"],
     )
     config = SmolVLMConfig(
         vision_config={**_VISION, "image_size": tile, "patch_size": _PATCH},
@@ -851,8 +272,8 @@ def _build_llava_onevision(out: Path) -> None:
     )
 
     tile = 32
-    tok = _qwen2_tokenizer(
-        _LLAVA_ONEVISION_TEMPLATE,
+    tok = qwen2_tokenizer(
+        CHAT_TEMPLATES["llava-onevision"],
         ("<image>", "<video>"),
         {"image_token": "<image>", "video_token": "<video>"},
     )
@@ -869,7 +290,7 @@ def _build_llava_onevision(out: Path) -> None:
         num_image_tokens=(tile // _PATCH) ** 2,
         vision_feature_select_strategy="full",
         vision_aspect_ratio="anyres_max_9",
-        chat_template=_LLAVA_ONEVISION_TEMPLATE,
+        chat_template=CHAT_TEMPLATES["llava-onevision"],
     )
     config = LlavaOnevisionConfig(
         vision_config={
@@ -903,7 +324,7 @@ def _build_gemma3(out: Path) -> None:
     )
 
     tile, tokens = 32, 4
-    tok = _gemma3_tokenizer(_GEMMA3_TEMPLATE)
+    tok = gemma3_tokenizer(CHAT_TEMPLATES["gemma3"])
     processor = Gemma3Processor(
         image_processor=Gemma3ImageProcessor(
             size={"height": tile, "width": tile},
@@ -913,7 +334,7 @@ def _build_gemma3(out: Path) -> None:
         ),
         tokenizer=tok,
         image_seq_length=tokens,
-        chat_template=_GEMMA3_TEMPLATE,
+        chat_template=CHAT_TEMPLATES["gemma3"],
     )
     config = Gemma3Config(
         text_config={
@@ -962,7 +383,7 @@ def _build_internvl(out: Path) -> None:
         "video_token": "<video>",
     }
     extra = ("<img>", "</img>", "<IMG_CONTEXT>", "<quad>", "</quad>", "<ref>", "</ref>")
-    tok = _qwen2_tokenizer(_INTERNVL_TEMPLATE, (*extra, "<box>", "</box>", "<video>"), names)
+    tok = qwen2_tokenizer(CHAT_TEMPLATES["internvl"], (*extra, "<box>", "</box>", "<video>"), names)
     image_seq_length = (tile // _PATCH) ** 2 // 4
     processor = InternVLProcessor(
         image_processor=GotOcr2ImageProcessor(
@@ -976,7 +397,7 @@ def _build_internvl(out: Path) -> None:
         tokenizer=tok,
         video_processor=InternVLVideoProcessor(size={"height": tile, "width": tile}),
         image_seq_length=image_seq_length,
-        chat_template=_INTERNVL_TEMPLATE,
+        chat_template=CHAT_TEMPLATES["internvl"],
     )
     config = InternVLConfig(
         vision_config={
@@ -1007,7 +428,7 @@ def _build_mistral3(out: Path) -> None:
     )
 
     longest, merge = 64, 2
-    tok = _tekken_tokenizer(_MISTRAL3_TEMPLATE)
+    tok = tekken_tokenizer(CHAT_TEMPLATES["mistral3"])
     processor = PixtralProcessor(
         image_processor=PixtralImageProcessor(
             size={"longest_edge": longest},
@@ -1016,7 +437,7 @@ def _build_mistral3(out: Path) -> None:
         tokenizer=tok,
         patch_size=_PATCH,
         spatial_merge_size=merge,
-        chat_template=_MISTRAL3_TEMPLATE,
+        chat_template=CHAT_TEMPLATES["mistral3"],
     )
     config = Mistral3Config(
         vision_config={
@@ -1045,7 +466,7 @@ def _build_paligemma(out: Path) -> None:
     )
 
     tile = 32
-    tok = _paligemma_tokenizer()
+    tok = paligemma_tokenizer()
     tokens = (tile // _PATCH) ** 2
     processor = PaliGemmaProcessor(
         image_processor=SiglipImageProcessor(
@@ -1091,7 +512,7 @@ def _build_llava_next(out: Path) -> None:
     )
 
     tile = 32
-    tok = _llama2_tokenizer(_LLAVA_NEXT_TEMPLATE)
+    tok = llama2_tokenizer(CHAT_TEMPLATES["llava-next"])
     pinpoints = [[tile * h, tile * w] for h, w in ((1, 2), (2, 1), (2, 2), (3, 1), (1, 3))]
     processor = LlavaNextProcessor(
         image_processor=LlavaNextImageProcessor(
@@ -1103,7 +524,7 @@ def _build_llava_next(out: Path) -> None:
         patch_size=_PATCH,
         vision_feature_select_strategy="default",
         num_additional_image_tokens=1,
-        chat_template=_LLAVA_NEXT_TEMPLATE,
+        chat_template=CHAT_TEMPLATES["llava-next"],
     )
     config = LlavaNextConfig(
         vision_config={

@@ -326,8 +326,8 @@ class ChatTransformersVLM(BaseChatModel):
             images = images.inner
         patch = getattr(self._processor, "patch_size", None)
         merge = getattr(self._processor, "spatial_merge_size", None)
-        pixtral = isinstance(patch, int) and isinstance(merge, int)
-        return processor_resize(images, patch=patch * merge if pixtral else None)
+        pixtral = patch * merge if isinstance(patch, int) and isinstance(merge, int) else None
+        return processor_resize(images, patch=pixtral)
 
     @property
     def box_coordinates(self) -> Coordinates | None:

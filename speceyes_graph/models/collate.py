@@ -38,6 +38,7 @@ def pad_cat(values: Sequence[Any]) -> Any:
     out = first.new_zeros((sum(v.shape[0] for v in values), *widest))
     row = 0
     for v in values:
-        out[(slice(row, row + v.shape[0]), *(slice(0, n) for n in v.shape[1:]))] = v
+        where = (slice(row, row + v.shape[0]),) + tuple(slice(0, n) for n in v.shape[1:])
+        out[where] = v
         row += v.shape[0]
     return out

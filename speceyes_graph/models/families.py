@@ -37,14 +37,34 @@ __all__ = ["FAMILIES", "box_convention", "family_of", "family_resize", "processo
 
 log = logging.getLogger(__name__)
 
+
+def _bounded(max_pixels: int) -> ResizeSpec:
+    """The frame of a family that tiles or squashes: the image as it is, at most this big."""
+    return ResizeSpec(factor=1, min_pixels=1, max_pixels=max_pixels)
+
+
+# The frames of the published processor configs, for a served checkpoint whose config this
+# machine cannot read (docs/models.md gives the sources).
 FAMILIES: dict[str, ResizeSpec] = {
     # Qwen2-VL / Qwen2.5-VL and their fine-tunes (DeepEyes, Thyme): 14 px patches, 2x2 merge
     "qwen2.5-vl": ResizeSpec(factor=28, min_pixels=3136, max_pixels=12845056),
     # Qwen3-VL: 16 px patches, 2x2 merge
     "qwen3-vl": ResizeSpec(factor=32, min_pixels=65536, max_pixels=16777216),
+    # Pixtral-12B: 16 px patches, longest edge 1024; Mistral Small 3.1/3.2: 14 px x 2x2, 1540
+    "pixtral": ResizeSpec(factor=16, min_pixels=1, max_pixels=1024 * 1024, max_side=1024),
+    "mistral3": ResizeSpec(factor=28, min_pixels=1, max_pixels=1540 * 1540, max_side=1540),
+    "gemma3": _bounded(896 * 896),  # one 896 px square (pan and scan off)
+    "paligemma-224": _bounded(224 * 224),
+    "paligemma-448": _bounded(448 * 448),
+    "paligemma-896": _bounded(896 * 896),
+    "internvl": _bounded(12 * 448 * 448),  # up to 12 tiles of 448 px
+    "idefics3": _bounded(1456 * 1456),  # longest edge 1456, then 364 px tiles
+    "smolvlm": _bounded(2048 * 2048),  # longest edge 1536 (2048 for the 256M / 500M)
+    "llava-next": _bounded(672 * 672),  # the largest grid of LLaVA-1.6's pinpoints
+    "llava-onevision": _bounded(2304 * 2304),
 }
 
-_ALIASES = {
+_ALIASES = {  # the first that a (lower-cased) name contains
     "qwen3-vl": "qwen3-vl",
     "qwen3vl": "qwen3-vl",
     "qwen2.5-vl": "qwen2.5-vl",
@@ -53,6 +73,17 @@ _ALIASES = {
     "qwen2-vl": "qwen2.5-vl",
     "deepeyes": "qwen2.5-vl",
     "thyme": "qwen2.5-vl",
+    "pixtral": "pixtral",
+    "mistral-small-3": "mistral3",
+    "magistral-small": "mistral3",
+    "gemma-3": "gemma3",
+    "gemma3": "gemma3",
+    "internvl": "internvl",
+    "idefics3": "idefics3",
+    "smolvlm": "smolvlm",
+    "llava-onevision": "llava-onevision",
+    "llava-v1.6": "llava-next",
+    "llava-next": "llava-next",
 }
 
 # How boxes are written, by the checkpoint's ``config.model_type``, where documented:
@@ -65,11 +96,14 @@ _BOXES: dict[str, Coordinates] = {
     "qwen3_vl_moe": "thousand",
     "internvl": "thousand",
 }
+_MODEL_TYPES = {"qwen2.5-vl": "qwen2_5_vl", "qwen3-vl": "qwen3_vl", "internvl": "internvl"}
 
 
 def family_of(model_name: str) -> str | None:
     """The family a model name belongs to, from its (hub-style) name."""
     name = model_name.lower()
+    if "paligemma" in name:  # one family, three square sizes, named in the checkpoint
+        return next((f"paligemma-{px}" for px in (896, 448) if str(px) in name), "paligemma-224")
     for alias, family in _ALIASES.items():
         if alias in name:
             return family
@@ -92,8 +126,8 @@ def family_resize(model_name: str) -> ResizeSpec:
 
 def box_convention(model_type: str | None) -> Coordinates | None:
     """How a family's checkpoints write boxes (see :data:`~speceyes_tools.geometry.Coordinates`),
-    by ``config.model_type``; None where no convention is documented."""
-    return _BOXES.get(model_type or "")
+    by ``config.model_type`` or by family name; None where no convention is documented."""
+    return _BOXES.get(model_type or "") or _BOXES.get(_MODEL_TYPES.get(model_type or "", ""))
 
 
 def _kind(image_processor: Any) -> str:
@@ -126,7 +160,7 @@ def processor_resize(image_processor: Any, patch: int | None = None) -> ResizeSp
     def side(value: Any) -> int:
         """A patch or tile side given as an int or as ``{"height": h, "width": w}``."""
         if isinstance(value, Mapping):
-            return int(value.get("height") or value.get("width") or value.get("longest_edge"))
+            value = value.get("height") or value.get("width") or value.get("longest_edge")
         return int(value)
 
     kind = _kind(image_processor)
@@ -151,8 +185,8 @@ def _most_pixels(get: Any, size: Mapping, kind: str) -> int:
     if pinpoints:
         return int(max(h * w for h, w in pinpoints))
     tile = int(size.get("height") or 0) * int(size.get("width") or 0)
-    if get("crop_to_patches") and tile:  # InternVL (GotOcr2): up to max_patches tiles
-        return int(get("max_patches") or 12) * tile
+    if get("max_patches") and tile:  # InternVL (GotOcr2): up to max_patches tiles (its
+        return int(get("max_patches")) * tile  # processor turns crop_to_patches on per call)
     if tile:  # Gemma 3, PaliGemma, SigLIP: one square
         return tile
     longest = size.get("longest_edge")  # Idefics3 / SmolVLM: the longer side, then tiles

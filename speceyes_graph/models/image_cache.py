@@ -264,7 +264,7 @@ class CachedVisionEncoder(_CountedCache):
         layout = self._layout(named, len(keys))
         if layout is None:
             return self.encode(**named)
-        return self._cached(named, keys, *layout)
+        return self._cached(named, [str(k) for k in keys], *layout)
 
     def _layout(self, named: dict, n: int) -> tuple[list[str], list[int], list[int]] | None:
         """(the inputs split per image, each image's input rows, its output tokens), or None

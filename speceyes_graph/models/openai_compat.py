@@ -23,7 +23,7 @@ from pydantic import SecretStr
 
 from speceyes_tools.images import ResizeSpec
 
-from .served import check_top_logprobs, describe_served_model, served_resize
+from .served import check_top_logprobs, describe_served_model, served_boxes, served_resize
 
 if TYPE_CHECKING:
     from .served_chat import ServedChatModel
@@ -82,6 +82,7 @@ def openai_chat_model(
         resize_spec=resize,
         context_length=context_length or (info.max_model_len if info else None),
         served_root=info.root if info else None,
+        box_coordinates=served_boxes(model, info),
         **kwargs,
     )
 

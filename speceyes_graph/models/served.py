@@ -35,15 +35,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from speceyes_tools.geometry import Coordinates
 from speceyes_tools.images import ResizeSpec
 
-from .families import FAMILIES, family_of, processor_resize
+from .families import FAMILIES, box_convention, family_of, processor_resize
 
 __all__ = [
     "ServedModelError",
     "ServedModelInfo",
     "check_top_logprobs",
     "describe_served_model",
+    "served_boxes",
     "served_resize",
 ]
 
@@ -135,8 +137,8 @@ def _checkpoint_resize(folder: Path) -> ResizeSpec | None:
         return None
     # a Pixtral processor passes its own patch x merge to its image processor
     patch, merge = processor.get("patch_size"), processor.get("spatial_merge_size")
-    pixtral = isinstance(patch, int) and isinstance(merge, int)
-    return processor_resize(image, patch=patch * merge if pixtral else None)
+    pixtral = patch * merge if isinstance(patch, int) and isinstance(merge, int) else None
+    return processor_resize(image, patch=pixtral)
 
 
 def _json_object(path: Path) -> dict:
@@ -145,6 +147,17 @@ def _json_object(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def served_boxes(name: str, info: ServedModelInfo | None) -> Coordinates | None:
+    """How the served model writes boxes: by its checkpoint's ``model_type`` where the folder
+    is readable here, else by the family its names belong to; None: not documented."""
+    root = info.root if info else None
+    if root:
+        model_type = _json_object(Path(root).expanduser() / "config.json").get("model_type")
+        if isinstance(model_type, str):
+            return box_convention(model_type)
+    return box_convention(family_of(root or "") or family_of(name))
 
 
 def served_resize(

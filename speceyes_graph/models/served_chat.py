@@ -8,6 +8,7 @@ from __future__ import annotations
 from langchain_openai import ChatOpenAI
 from pydantic import ConfigDict
 
+from speceyes_tools.geometry import Coordinates
 from speceyes_tools.images import ResizeSpec
 
 __all__ = ["ServedChatModel"]
@@ -24,6 +25,8 @@ class ServedChatModel(ChatOpenAI):
     """The server's ``max_model_len``: what a question must fit into."""
     served_root: str | None = None
     """The checkpoint the server reports having loaded (a hub id or a folder)."""
+    box_coordinates: Coordinates | None = None
+    """How the model writes boxes, where its family documents it (None: unknown)."""
 
     @classmethod
     def is_lc_serializable(cls) -> bool:

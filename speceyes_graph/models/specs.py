@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,8 +68,8 @@ def parse_model_spec(spec: str, role: str, *, check_hub: bool = True) -> ModelSp
                     f"unknown settings {sorted(unknown)} in {spec!r}; use min_pixels, max_pixels"
                 )
             try:
-                resize = ResizeSpec(
-                    factor=family.factor,
+                resize = dataclasses.replace(
+                    family,
                     min_pixels=int(limits.get("min_pixels", family.min_pixels)),
                     max_pixels=int(limits.get("max_pixels", family.max_pixels)),
                 )
