@@ -215,3 +215,48 @@ def test_speceyes_bench_on_a_served_model(vllm_servers, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").open()]
     assert len(records) == 2 and all(rec["error"] is None for rec in records)
+
+
+def test_a_family_of_another_kind_served_by_vllm(tiny_families, tmp_path):
+    """Mistral 3 (Pixtral's frame, a Tekken tokenizer, a template that writes the BOS), served
+    by vLLM: the frame read from the served checkpoint is the local processor's, its boxes are
+    said to be of no known convention, and the graph with it as judge, speculator and agent
+    finishes queries of one and of two images, batched, with every draft scored."""
+    import numpy as np
+    from PIL import Image
+
+    from speceyes_graph import create_speceyes_graph
+    from speceyes_graph.models import ChatTransformersVLM
+    from speceyes_graph.models.servers import VLLMServer
+
+    folder = tiny_families["mistral3"]
+    local = ChatTransformersVLM(model=str(folder), max_new_tokens=4)
+    images = []
+    for seed, (w, h) in enumerate(((90, 60), (33, 77), (64, 64))):
+        path = tmp_path / f"{seed}.png"
+        Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), np.uint8)).save(
+            path
+        )
+        images.append(str(path))
+    queries = [
+        {"question": "What colour is it?", "images": images[:1]},
+        {"question": "Which is redder?", "images": images[1:], "options": ["first", "second"]},
+    ]
+    with VLLMServer(folder, name="mistral3") as server:
+        small = openai_chat_model(server.url, "mistral3", top_logprobs=8, max_tokens=4)
+        large = openai_chat_model(server.url, "mistral3", max_tokens=8)
+        assert small.resize_spec == local.resize_spec
+        assert small.resize_spec.max_side is not None  # Pixtral's longest edge, not Qwen's area
+        assert small.box_coordinates is None
+        for mode in ("small", "speceyes", "agent"):
+            graph = create_speceyes_graph(
+                speculator=small, agent=large, tools="deepeyes", mode=mode,
+                gate=GateConfig(tau=0.0, k=8), max_agent_steps=2,
+            ).compile()  # fmt: skip
+            for out in graph.batch(queries):
+                assert out["error"] is None, (mode, out["error"])
+                if out["draft"]:
+                    assert out["draft"]["score"] is not None, mode
+                if mode != "small":
+                    assert out["judge_output"] is not None or mode == "agent"
+                    assert out["agent_steps"] or out["route"] == "speculative", mode

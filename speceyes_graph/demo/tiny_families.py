@@ -103,9 +103,9 @@ _TEXT: dict[str, Any] = {
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
+    "num_attention_heads": 2,
     "num_key_value_heads": 2,
-    "head_dim": 16,
+    "head_dim": 32,  # vLLM's CPU attention takes 32 and up: these serve (tests/test_vllm.py)
     "max_position_embeddings": 4096,
     "initializer_range": _INIT_STD,
 }
