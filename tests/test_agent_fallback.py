@@ -121,17 +121,11 @@ def test_the_given_agents_errors_are_the_querys(scene):
 
     # a last message that is not an answer (the agent stopped on a tool call)
     def silent(state: MessagesState):
-        return {
-            "messages": [AIMessage(content="", tool_calls=[{"name": "x", "args": {}, "id": "1"}])]
-        }
+        return {"messages": [AIMessage(content="", tool_calls=[{"name": "x", "args": {}, "id": "1"}])]}
 
-    out = (
-        create_speceyes_graph(
-            judge=judge("yes"), speculator=speculator("A"), agent=one_node_agent(silent)
-        )
-        .compile()
-        .invoke(query(scene))
-    )
+    out = create_speceyes_graph(
+        judge=judge("yes"), speculator=speculator("A"), agent=one_node_agent(silent)
+    ).compile().invoke(query(scene))
     assert out["answer"] is None and "not an answer" in out["error"]
 
 
@@ -187,9 +181,7 @@ def test_the_old_spelling_resolves_to_the_same_setup():
 def test_an_old_keyword_sets_its_field_of_a_group_and_unknown_ones_are_refused():
     beside = setup_of(max_agent_steps=3, loop=LoopOptions(max_steps=4, explain_problems=True))
     assert beside.max_steps == 3 and beside.loop.explain_problems
-    beside = setup_of(
-        speculation_depth=1, speculation=SpeculationOptions(start="parallel", depth=2)
-    )
+    beside = setup_of(speculation_depth=1, speculation=SpeculationOptions(start="parallel", depth=2))
     assert beside.speculation.depth == 1 and beside.parallel
     with pytest.raises(TypeError, match="unexpected keyword"):
         setup_of(max_steps=3)
@@ -205,7 +197,6 @@ def test_defaults_follow_the_protocol():
     deepeyes = setup_of()
     assert deepeyes.protocol == "deepeyes" and deepeyes.gate.tau == 0.98 and deepeyes.max_steps == 6
     assert setup_of(tools="vision").protocol == "native"
-
     # depth-D speculation: the small loop's turns are as long as the agent's by default
     class Long(ScriptedChatModel):
         max_tokens: int = 256

@@ -115,11 +115,7 @@ def test_messages_stream_carries_only_the_answer(scene):
         ("What colour?\nOptions: A. red B. green", "What colour?", ["red", "green"]),
         # the models' own prompt layout reads back (format_question, compact and published)
         ("Question: What?\nOptions: \nA. red\nB. a big one\n", "What?", ["red", "a big one"]),
-        (
-            "Question: What?\n        Options: \nA. red\nB. blue\n\n        ",
-            "What?",
-            ["red", "blue"],
-        ),
+        ("Question: What?\n        Options: \nA. red\nB. blue\n\n        ", "What?", ["red", "blue"]),
         ("question:Why is it?", "Why is it?", None),
         ("Which?\n  Options:\n(A) yes, it is\n(B) no\n\n", "Which?", ["yes, it is", "no"]),
         ("Which?\nOptions:\n- first\nsecond", "Which?", ["- first", "second"]),

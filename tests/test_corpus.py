@@ -24,9 +24,7 @@ REPORT = ROOT / ".corpus" / "last-report.txt"
 @pytest.fixture(scope="module")
 def corpus_results():
     folders = sorted((ROOT / ".corpus").glob("pillow-*/.complete"))
-    assert folders, (
-        "no image corpus: run `bash scripts/setup-corpus.sh` (the README's test command does)"
-    )
+    assert folders, "no image corpus: run `bash scripts/setup-corpus.sh` (the README's test command does)"
     files = corpus_files(folders[-1].parent)
     t0 = time.time()
     results = run_corpus(files, workers=1, timeout=60)

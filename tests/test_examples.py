@@ -106,8 +106,5 @@ def test_middleware_in_front_of_create_agent():
     for row, line in zip(rows, lines, strict=False):
         if row["route"] == "speculative":
             assert float(row["score"]) > 0.98 and f"reply='{row['expected']}'" in line
-    assert (
-        lines[12]
-        == f"SpecEyes answered {routes.count('speculative')} of 12 turns without the agent's loop"
-    )
+    assert lines[12] == f"SpecEyes answered {routes.count('speculative')} of 12 turns without the agent's loop"
     assert lines[13].startswith("agent alone ")

@@ -211,9 +211,7 @@ def test_evidence_not_read_for_too_long_is_not_vouched_for():
 
 
 def test_old_evidence_does_not_count():
-    gate = OnlineGate(
-        0.05, 0.5, tau=0.98, window=400, warmup=50, seed=0, store=None, max_age_s=3600
-    )
+    gate = OnlineGate(0.05, 0.5, tau=0.98, window=400, warmup=50, seed=0, store=None, max_age_s=3600)
     old = time.time() - 7200
     for i in range(300):
         gate.ledger.record(f"o{i}", Observation(old + i, 0.6, False, False, False))

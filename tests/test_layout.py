@@ -50,7 +50,9 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
 
 
 def test_the_top_level_is_short_and_each_part_says_what_it_holds() -> None:
-    modules = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    modules = sorted(
+        p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")
+    )
     assert len(modules) <= 12, modules
     for name in SUBPACKAGES:
         doc = importlib.import_module(f"speceyes_graph.{name}").__doc__ or ""

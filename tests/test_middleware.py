@@ -64,9 +64,7 @@ def turn(scene, question, image=True):
 
 def agent_of(large, small, tools=None, **kw):
     middleware = kw.pop("middleware", None) or [SpecEyesMiddleware(small, **kw)]
-    return create_agent(
-        large, tools if tools is not None else [make_zoom_tool()], middleware=middleware
-    )
+    return create_agent(large, tools if tools is not None else [make_zoom_tool()], middleware=middleware)
 
 
 def counted_zoom():
@@ -112,9 +110,7 @@ def test_a_rejected_draft_leaves_the_agents_loop_as_it_was(scene):
         turn(scene, "unsure? " + BIG)
     )
     assert out["speceyes"]["route"] == "rejected-agentic"
-    assert (
-        out["speceyes"]["draft"]["accepted"] is False and out["speceyes"]["draft"]["score"] < 0.98
-    )
+    assert out["speceyes"]["draft"]["accepted"] is False and out["speceyes"]["draft"]["score"] < 0.98
     agent_calls = [m for m in with_speceyes.received if "yes or no" not in question_of(m)]
     assert list(map(sent, agent_calls)) == list(map(sent, without.received))
     assert len(agent_calls) == 2
@@ -179,10 +175,7 @@ def test_sync_async_and_streamed_runs_agree(scene):
 
 def test_a_failing_phase_or_image_never_fails_the_agent(scene, tmp_path):
     out = agent_of(large_model(fail_judge=True), small_model()).invoke(turn(scene, BIG))
-    assert (
-        out["speceyes"]["route"] == "judged-agentic"
-        and "judge's server" in out["speceyes"]["error"]
-    )
+    assert out["speceyes"]["route"] == "judged-agentic" and "judge's server" in out["speceyes"]["error"]
     assert out["messages"][-1].content == "<answer>red</answer>"
     out = agent_of(large_model(), small_model(fail=True)).invoke(turn(scene, BIG))
     assert out["speceyes"]["route"] == "rejected-agentic"
@@ -192,9 +185,7 @@ def test_a_failing_phase_or_image_never_fails_the_agent(scene, tmp_path):
     broken.write_bytes(open(scene, "rb").read()[:200])  # a truncated PNG
     out = agent_of(large_model(), small_model(), tools=[]).invoke(turn(str(broken), BIG))
     assert out["speceyes"]["route"] is None and "not speculated" in out["speceyes"]["error"]
-    no_image = agent_of(large_model(), small_model(), tools=[]).invoke(
-        turn(scene, BIG, image=False)
-    )
+    no_image = agent_of(large_model(), small_model(), tools=[]).invoke(turn(scene, BIG, image=False))
     assert no_image["speceyes"]["route"] is None and "no image" in no_image["speceyes"]["error"]
 
 
@@ -210,13 +201,9 @@ def test_the_online_gate_gets_every_label(scene):
     """Accepted drafts are observed (shadowed ones labelled by a shadow agent off the user's
     path), rejected ones labelled by the agent's answer, tool turns counted without a draft."""
     gate = OnlineGate(0.05, 1.0, tau=0.98, warmup=1000, window=1000, seed=0)  # tau stays 0.98
-    shadow = create_agent(
-        large_model(answer="blue"), [make_zoom_tool()], middleware=[ImageStoreMiddleware()]
-    )
+    shadow = create_agent(large_model(answer="blue"), [make_zoom_tool()], middleware=[ImageStoreMiddleware()])
     agent = agent_of(large_model(answer="red"), small_model(), gate=gate, shadow=shadow)
-    routes = [
-        agent.invoke(turn(scene, q))["speceyes"]["route"] for q in (BIG, "unsure? " + BIG, TINY)
-    ]
+    routes = [agent.invoke(turn(scene, q))["speceyes"]["route"] for q in (BIG, "unsure? " + BIG, TINY)]
     assert routes == ["speculative", "rejected-agentic", "judged-agentic"]
     assert gate.shadows.drain(30)
     seen = sorted(gate.ledger.recent(), key=lambda o: o.at)
@@ -332,9 +319,7 @@ def test_create_agent_with_the_middleware_answers_as_the_graph_does(demo_queries
     models = demo_models(batch_size=1)
     small, large = models["small"], models["large"]
     strict = GateConfig(tau=0.9945)
-    loop = LoopOptions(
-        protocol="native", max_steps=4, tool_response_text=True, explain_problems=True
-    )
+    loop = LoopOptions(protocol="native", max_steps=4, tool_response_text=True, explain_problems=True)
     graph = create_speceyes_graph(
         speculator=small, agent=large, prompts=DEMO_PROMPTS, gate=strict, loop=loop
     ).compile()
@@ -450,9 +435,7 @@ def test_the_record_holds_no_text_a_redaction_middleware_cannot_see(scene, order
         middleware=[speceyes, pii] if order == "speceyes first" else [pii, speceyes],
     )  # fmt: skip
     thread = {"configurable": {"thread_id": "t"}}
-    routes = [
-        agent.invoke(turn(scene, q), thread)["speceyes"]["route"] for q in (BIG, "unsure? " + BIG)
-    ]
+    routes = [agent.invoke(turn(scene, q), thread)["speceyes"]["route"] for q in (BIG, "unsure? " + BIG)]
     assert routes == ["speculative", "rejected-agentic"]
     history = [s.values.get("speceyes") for s in agent.get_state_history(thread)]
     assert address not in json.dumps(history, default=str)
@@ -467,10 +450,7 @@ def test_the_record_holds_no_text_a_redaction_middleware_cannot_see(scene, order
 
 def test_the_record_keeps_the_text_when_asked(scene):
     out = agent_of(large_model(), small_model(), record_text=True).invoke(turn(scene, BIG))
-    assert (
-        out["speceyes"]["draft"]["tokens"] == ["blue"]
-        and out["speceyes"]["draft"]["text"] == "blue"
-    )
+    assert out["speceyes"]["draft"]["tokens"] == ["blue"] and out["speceyes"]["draft"]["text"] == "blue"
 
 
 def test_retries_and_fallbacks_around_it_judge_and_draft_once_per_turn(scene):
@@ -529,8 +509,7 @@ def test_an_accepted_draft_streams_as_token_chunks(scene):
     tokens = ["the", " blue", " one"]
     small = ScriptedChatModel(
         respond=lambda msgs: AIMessage(
-            content="".join(tokens),
-            response_metadata={"logprobs": fake_logprobs(tokens, [9.0] * 3)},
+            content="".join(tokens), response_metadata={"logprobs": fake_logprobs(tokens, [9.0] * 3)}
         )
     )
     agent = create_agent(large_model(), [make_zoom_tool()], middleware=[SpecEyesMiddleware(small)])

@@ -227,8 +227,7 @@ def test_workers_sharing_a_store_share_one_gate(scene, shared_store):
     store: what one labels moves the other's tau. Worker A sees confident drafts the agent
     contradicts; worker B, which has seen nothing itself, stops accepting them too."""
     gates = [
-        OnlineGate(0.05, 0.5, tau=0.98, warmup=20, window=200, seed=s, sync_s=0.0, key=KEY)
-        for s in (0, 1)
+        OnlineGate(0.05, 0.5, tau=0.98, warmup=20, window=200, seed=s, sync_s=0.0, key=KEY) for s in (0, 1)
     ]
     graphs = [build(agent("B"), g).compile(store=shared_store) for g in gates]
     graphs[0].batch([query(scene, i, 9.0) for i in range(40)], {"max_concurrency": 4})

@@ -121,10 +121,7 @@ def test_one_router_for_every_model_is_refused_where_the_frame_is_unknown(fleet)
         openai_chat_model(igw, "small", top_logprobs=64)
     for fix in ("resize=", "?max_pixels=", "default_frame=True", "one router"):
         assert fix in str(refused.value)
-    assert (
-        openai_chat_model(igw, "small", top_logprobs=64, default_frame=True).resize_spec
-        == ResizeSpec()
-    )
+    assert openai_chat_model(igw, "small", top_logprobs=64, default_frame=True).resize_spec == ResizeSpec()
     frame = ResizeSpec(factor=32, min_pixels=16384, max_pixels=16384)
     assert openai_chat_model(igw, "small", top_logprobs=64, resize=frame).resize_spec is frame
     with pytest.raises(ServedModelError, match="refuses top_logprobs=65"):

@@ -392,9 +392,7 @@ def test_a_server_that_cannot_say_its_frame_is_refused_with_the_fixes():
             openai_chat_model(server.url, "small")
         for fix in ("resize=", "?max_pixels=", "default_frame=True", "one router"):
             assert fix in str(refused.value)
-        assert (
-            openai_chat_model(server.url, "small", default_frame=True).resize_spec == ResizeSpec()
-        )
+        assert openai_chat_model(server.url, "small", default_frame=True).resize_spec == ResizeSpec()
         frame = ResizeSpec(factor=32, min_pixels=4096, max_pixels=65536)
         assert openai_chat_model(server.url, "small", resize=frame).resize_spec is frame
         named = openai_chat_model(server.url, "Qwen/Qwen3-VL-2B-Instruct")  # a family: its frame

@@ -145,9 +145,7 @@ def _block_image(block: Any, store: ImageStore) -> str | None:
             try:
                 return store.put(data if isinstance(data, bytes) else base64.b64decode(data))
             except (ValueError, TypeError) as exc:  # binascii.Error is a ValueError
-                raise ImageLoadError(
-                    f"an image of the message is not valid base64: {exc}"
-                ) from None
+                raise ImageLoadError(f"an image of the message is not valid base64: {exc}") from None
         url = block.get("url")
         return url if isinstance(url, str) and url else None
     if block.get("type") == "image_url":
