@@ -1,9 +1,9 @@
 """Local Hugging Face vision-language models as LangChain chat models, batched across queries.
 
-:class:`ChatTransformersVLM` loads any image-text-to-text checkpoint (Qwen2.5-VL fine-tunes
-such as DeepEyes or Thyme, Qwen3-VL, ...) through ``AutoProcessor`` /
-``AutoModelForImageTextToText`` and renders LangChain messages with the checkpoint's own
-chat template. Decoding is greedy by default. With ``top_logprobs=K`` every reply carries
+:class:`ChatTransformersVLM` loads any image-text-to-text checkpoint with a chat template
+(Qwen2.5-VL fine-tunes such as DeepEyes or Thyme, Qwen3-VL, SmolVLM, Gemma 3, InternVL,
+Mistral 3, ...: docs/models.md) through ``AutoProcessor`` / ``AutoModelForImageTextToText``
+and renders LangChain messages with the checkpoint's own chat template. Decoding is greedy by default. With ``top_logprobs=K`` every reply carries
 the top-K log-probs of each generated token in ``response_metadata["logprobs"]`` in the
 OpenAI format, so the SpecEyes gate treats local and served models the same way; every
 reply carries ``usage_metadata``.
