@@ -125,9 +125,9 @@ def ocr_preprocessing_table(n=12):
     from speceyes_tools import ocr_array
     from speceyes_tools.tesseract import preprocess_for_ocr
 
-    variants = {
+    variants = {  # each spelled out, so a change of the default cannot relabel a column
         "raw RGB": lambda a: (a, False),
-        "gray+upscale (default)": lambda a: (a, True),
+        "gray+upscale": lambda a: (preprocess_for_ocr(a, binarize=False)[0], False),
         "gray+upscale+otsu": lambda a: (preprocess_for_ocr(a, binarize=True)[0], False),
         "gray+otsu": lambda a: (
             cv2.threshold(

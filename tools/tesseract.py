@@ -1,9 +1,9 @@
 """OCR with Tesseract, on the whole image or a box, returning text plus word boxes.
 
 Preprocessing is what measurably helps Tesseract on small text: grayscale and upscaling
-small regions (x2/x3 cubic). ``scripts/bench_tools.py`` prints the measurement: word
-recall on rendered 8 px text goes from 0.00 to 0.90 and on 10 px text from 0.54 to 0.88;
-Otsu binarisation added nothing on top of that (and alone it does not help), so it is off.
+small regions (x2/x3 cubic). Otsu binarisation is off unless asked for: on top of that it
+costs recall on the smallest text, and alone it does not help (``scripts/bench_tools.py``
+measures it; the figures are in the tools reference, docs/api/tools.md).
 
 Two engines: ``tesserocr`` (a persistent in-process Tesseract, ~15x faster per call,
 used when installed: ``pip install speceyes-graph[fast-ocr]``) and ``pytesseract`` (one
@@ -55,9 +55,10 @@ def check_tesseract(tesseract_cmd: str | None = None) -> str:
 
 
 def preprocess_for_ocr(
-    region: np.ndarray, *, upscale_below: int = 1000, binarize: bool = True
+    region: np.ndarray, *, upscale_below: int = 1000, binarize: bool = False
 ) -> tuple[np.ndarray, float]:
-    """Grayscale, upscale small regions (x2 or x3, cubic), optional Otsu. Returns (image, scale)."""
+    """Grayscale, upscale small regions (x2 or x3, cubic), Otsu only when asked (it costs
+    recall on small text: docs/api/tools.md). Returns (image, scale)."""
     gray = cv2.cvtColor(region, cv2.COLOR_RGB2GRAY) if region.ndim == 3 else region
     long_side = max(gray.shape[:2])
     scale = 1.0
