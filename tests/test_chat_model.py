@@ -286,6 +286,12 @@ def test_max_retries_retries_a_failed_generation(processor, scene):
     failures["left"] = 1
     with pytest.raises(MemoryError, match="out of memory generating 1 request"):
         scripted_chat_model(processor, flaky).invoke(ask(scene))
+    failures["left"] = 2  # one retry is not enough: the last failure is raised, as it was
+    with pytest.raises(MemoryError):
+        scripted_chat_model(processor, flaky, max_retries=1).invoke(ask(scene))
+    failures["left"] = 1  # ainvoke retries the same way
+    model = scripted_chat_model(processor, flaky, max_retries=1)
+    assert asyncio.run(model.ainvoke(ask(scene))).content == "ok"
 
 
 def test_ainvoke_awaits_the_batch_worker(tiny_models, tmp_path, monkeypatch):

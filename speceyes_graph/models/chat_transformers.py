@@ -38,6 +38,7 @@ from langchain_core.runnables.config import get_config_list
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+from tenacity import AsyncRetrying, Retrying, retry_if_not_exception_type, stop_after_attempt
 
 from speceyes_tools.deadlines import (
     DeadlineExceeded,
@@ -504,37 +505,35 @@ class ChatTransformersVLM(BaseChatModel):
             if prepaid.left:  # calls that never came (an input that failed before its call)
                 self.announce(-prepaid.left, **kwargs)
 
+    def _retries(self) -> dict[str, Any]:
+        """tenacity's settings for a request whose generation failed: ``max_retries`` more
+        attempts, at once; a missed deadline is not retried."""
+        return {
+            "stop": stop_after_attempt(self.max_retries + 1),
+            "retry": retry_if_not_exception_type(DeadlineExceeded),
+            "before_sleep": lambda state: log.warning(
+                "generation failed; retrying (%d left)",
+                self.max_retries + 1 - state.attempt_number,
+            ),
+            "reraise": True,
+        }
+
     def _call(self, key: Hashable, prepared: dict[str, Any]) -> AIMessage:
         """One request through the batch worker, within the deadline, with retries."""
         with deadline_scope(None if self.timeout is None else time.time() + self.timeout):
-            retries = self.max_retries
-            while True:
-                try:
+            for attempt in Retrying(**self._retries()):
+                with attempt:
                     # the scheduler returns what run_batch made: BatchedGeneration's AIMessage
                     return cast(AIMessage, self.scheduler.call(key, prepared))
-                except DeadlineExceeded:
-                    raise
-                except Exception:
-                    if retries == 0:
-                        raise
-                    retries -= 1
-                    log.warning("generation failed; retrying (%d left)", retries)
+        raise AssertionError("unreachable: tenacity reraises the last failure")
 
     async def _acall(self, key: Hashable, prepared: dict[str, Any]) -> AIMessage:
         """:meth:`_call` awaiting the batch worker instead of blocking a thread on it."""
         with deadline_scope(None if self.timeout is None else time.time() + self.timeout):
-            retries = self.max_retries
-            while True:
-                try:
-                    # the scheduler returns what run_batch made: BatchedGeneration's AIMessage
+            async for attempt in AsyncRetrying(**self._retries()):
+                with attempt:
                     return cast(AIMessage, await self.scheduler.acall(key, prepared))
-                except DeadlineExceeded:
-                    raise
-                except Exception:
-                    if retries == 0:
-                        raise
-                    retries -= 1
-                    log.warning("generation failed; retrying (%d left)", retries)
+        raise AssertionError("unreachable: tenacity reraises the last failure")
 
     def _prepare_request(
         self, key: Hashable, messages: list[BaseMessage], request: dict[str, Any]
