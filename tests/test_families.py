@@ -386,3 +386,29 @@ def test_a_served_model_says_how_it_writes_boxes(tiny_families):
     assert served_boxes("g", info(tiny_families["gemma3"])) is None
     assert served_boxes("ChenShawn/DeepEyes-7B", None) == "model"
     assert served_boxes("google/gemma-3-4b-it", None) is None
+
+
+def test_a_layout_the_probe_cannot_read_is_cached_whole():
+    """An image processor whose output the layout probe cannot compare (lists of tensors) or
+    that fails on the probe's images: the call is processed, and kept, whole, never broken."""
+    from speceyes_graph.models.image_cache import CachedImageProcessor, image_keys
+
+    calls = []
+
+    def inner(images, return_tensors=None, strict=False):
+        flat = [im for group in images for im in group]
+        calls.append(len(flat))
+        if strict and any(im.shape[0] == 48 for im in flat):  # the probe's first image
+            raise ValueError("too small")
+        return {"pixel_values": [torch.zeros(2, 3) + im.mean() for im in flat]}
+
+    images = [[np.full((10, 10, 3), 7, np.uint8), np.full((20, 10, 3), 9, np.uint8)]]
+    for strict in (False, True):
+        cached = CachedImageProcessor(lambda im, s=strict, **kw: inner(im, strict=s, **kw))
+        with image_keys(["blob://a", "blob://b"]):
+            first = cached(images, return_tensors="pt")
+            again = cached(images, return_tensors="pt")
+        want = inner(images)["pixel_values"]
+        for out in (first, again):
+            assert [float(t.mean()) for t in out["pixel_values"]] == [float(t.mean()) for t in want]
+        assert (cached.hits, cached.misses) == (1, 1)  # the whole call, kept once
