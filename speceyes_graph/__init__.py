@@ -8,7 +8,7 @@ its answer separability clears a threshold; the rest run the agent. The graph
 three ways to use the same method.
 """
 
-from . import _moved, phases
+from . import phases
 from .agents.loop import LoopOptions, create_agent_loop
 from .agents.toolsets import Toolset, ToolsetError, load_toolset, register_tool
 from .gate.online import OnlineGate
@@ -39,7 +39,6 @@ from .state import (
 
 __version__ = "0.1.0"
 
-_moved.install(__name__)  # the paths modules had before the subpackages (DeprecationWarning)
 
 __all__ = [
     "AgentStep",

@@ -44,10 +44,7 @@ from speceyes_tools.deadlines import (
     to_worker_thread,
 )
 
-try:  # LangGraph's own node runnable: a sync and an async function, config/runtime injected
-    from langgraph._internal._runnable import RunnableCallable
-except ImportError:  # pragma: no cover - older layouts
-    from langgraph.utils.runnable import RunnableCallable
+from ._compat import RunnableCallable  # LangGraph's node runnable: sync and async in one
 
 __all__ = [
     "Background",

@@ -34,7 +34,6 @@ is *sent* is a view of that transcript in its protocol (:func:`to_wire`):
 from __future__ import annotations
 
 import base64
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -44,6 +43,7 @@ from speceyes_tools.blobs import is_blob_key
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store
 from speceyes_tools.sources import ImageLoadError
 
+from ._compat import cache_content_block_types
 from .protocol import format_tool_call, message_text
 
 __all__ = [
@@ -68,21 +68,7 @@ Protocol = Literal["deepeyes", "native", "thyme"]
 _Message = TypeVar("_Message", bound=BaseMessage)
 
 
-def _block_types_once() -> None:
-    """Every chat-model call formats its messages for tracing, and langchain-core asks, for
-    each image block, ``typing.get_type_hints`` of its five data-block types anew (about
-    0.7 ms a call, a tenth of the graph's host time when models answer at once). The types
-    are fixed when langchain-core is imported, so the answer is computed once. The same
-    tuple either way (``tests/test_throughput.py``); a langchain-core that caches it itself,
-    or names it otherwise, is left alone."""
-    from langchain_core.messages import content
-
-    compute = getattr(content, "_get_data_content_block_types", None)
-    if callable(compute) and not hasattr(compute, "cache_info"):
-        content._get_data_content_block_types = functools.cache(compute)
-
-
-_block_types_once()
+cache_content_block_types()  # tracing image blocks without re-reading type hints
 
 
 def image_blocks(

@@ -29,7 +29,6 @@ from typing import Annotated, Any, Literal
 
 from langchain_core.messages import AnyMessage
 from langgraph.channels import EphemeralValue
-from langgraph.constants import START
 from langgraph.graph import StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.typing import ContextT, InputT, OutputT, StateT
@@ -38,6 +37,8 @@ from typing_extensions import Required, Self, TypedDict
 
 from speceyes_tools.images import ImageStore, current_store
 from speceyes_tools.sources import read_data_url
+
+from ._compat import NO_VALUE, set_input_channel
 
 __all__ = [
     "AgentStep",
@@ -154,8 +155,6 @@ UNREADABLE = "unreadable:"
 """What a kept input reference starts with when its image could not be kept; the reason
 follows, and ``intake`` fails the query with it."""
 
-MISSING = EphemeralValue(object).value  # LangGraph's "no value" marker, without its internals
-
 
 class RunInput(EphemeralValue[Any]):
     """An input key of one run: in the checkpoints until the step that reads it, then gone.
@@ -189,7 +188,7 @@ class RunInput(EphemeralValue[Any]):
     def from_checkpoint(self, checkpoint: Any) -> Self:
         restored = self.__class__(self.typ, self.keep)
         restored.key = self.key
-        if checkpoint is not MISSING:
+        if checkpoint is not NO_VALUE:
             restored.value = checkpoint
         return restored
 
@@ -222,7 +221,7 @@ class PixelFreeGraph(StateGraph[StateT, ContextT, InputT, OutputT]):
     ) -> CompiledStateGraph[StateT, ContextT, InputT, OutputT]:
         compiled = super().compile(*args, **kwargs)
         if self.keep_input is not None:
-            compiled.channels[START] = RunInput(self.input_schema, keep=self.keep_input)
+            set_input_channel(compiled, RunInput(self.input_schema, keep=self.keep_input))
         return compiled
 
 

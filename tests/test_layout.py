@@ -1,5 +1,6 @@
 """The package's map holds (issue 57): layers import downwards only, a short top level,
-old import paths still work, and no function grows past what one reading takes."""
+no dependency's private module imported outside ``_compat``, and no function grows past what
+one reading takes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from pathlib import Path
 import pytest
 
 import speceyes_graph
-from speceyes_graph._moved import MOVED
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "speceyes_graph"
@@ -50,53 +50,50 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
 
 
 def test_the_top_level_is_short_and_each_part_says_what_it_holds() -> None:
-    modules = sorted(
-        p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")
-    )
+    modules = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
     assert len(modules) <= 12, modules
     for name in SUBPACKAGES:
         doc = importlib.import_module(f"speceyes_graph.{name}").__doc__ or ""
         assert "May import" in doc, name
 
 
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_an_old_path_still_imports_with_a_warning(old: str) -> None:
-    new = importlib.import_module(f"speceyes_graph.{MOVED[old]}")
-    sys.modules.pop(f"speceyes_graph.{old}", None)
-    with pytest.warns(DeprecationWarning, match=f"speceyes_graph.{MOVED[old]}"):
-        moved = importlib.import_module(f"speceyes_graph.{old}")
-    assert moved is new
-    assert moved.__spec__.name == new.__name__  # its own spec: reload and pickle find it
-    # every public name it had is where it was
-    for name in getattr(new, "__all__", []):
-        assert getattr(moved, name) is getattr(new, name)
+# the module paths before the subpackages (issue 57); the package was never released under
+# them, so they are gone rather than aliased (issue 68)
+OLD_PATHS = ("online_gate", "middleware", "agent", "separability", "calibration", "options")
 
 
-def test_old_from_imports_work_in_a_fresh_interpreter() -> None:
-    # what users' code and the docs before the move wrote, run cold (no module cached)
-    code = (
-        "import warnings\n"
-        "with warnings.catch_warnings(record=True) as seen:\n"
-        "    warnings.simplefilter('always')\n"
-        "    from speceyes_graph.online_gate import OnlineGate\n"
-        "    from speceyes_graph.middleware import SpecEyesMiddleware\n"
-        "    from speceyes_graph.agent import create_agent_loop\n"
-        "    from speceyes_graph.separability import GateConfig\n"
-        "    from speceyes_graph import calibration\n"
-        "    from speceyes_graph.graph import create_speceyes_graph\n"
-        "print(sorted({str(w.message).split()[0] for w in seen\n"
-        "              if issubclass(w.category, DeprecationWarning)\n"
-        "              and str(w.message).startswith('speceyes_graph')}))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert done.stdout.split("\n")[0] == str(
-        sorted(
-            f"speceyes_graph.{m}"
-            for m in ("online_gate", "middleware", "agent", "separability", "calibration")
-        )
-    )
+@pytest.mark.parametrize("old", OLD_PATHS)
+def test_old_module_paths_are_gone(old: str) -> None:
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(f"speceyes_graph.{old}")
+
+
+def _imported_modules(path: Path) -> list[str]:
+    """The absolute module names a file imports (``from x import y`` and ``import x``)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return names
+
+
+def test_no_private_module_of_a_dependency_is_imported_outside_compat() -> None:
+    """``speceyes_graph/_compat.py`` is the one place that may reach into a dependency's
+    internals (each use there is tested at both ends of the declared range)."""
+    ours = ("speceyes_graph", "speceyes_tools")
+    private = []
+    for path in sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "tools").glob("*.py")):
+        if path == PACKAGE / "_compat.py":
+            continue
+        for name in _imported_modules(path):
+            parts = name.split(".")
+            if parts[0] not in ours and any(p.startswith("_") for p in parts[1:]):
+                private.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not private, private
+    # the check can see one: _compat's own imports are private ones
+    assert any("._" in n for n in _imported_modules(PACKAGE / "_compat.py"))
 
 
 def test_the_public_names_import_without_a_warning() -> None:

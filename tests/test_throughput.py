@@ -543,23 +543,6 @@ def test_the_orchestration_benchmark_models_keep_nothing():
     assert len(scripted.received) == 1
 
 
-def test_langchain_content_block_types_are_computed_once():
-    """langchain-core recomputes these type hints for every image block it traces; the
-    package computes them once (speceyes_graph.messages): the same answer, and tracing
-    formats our image blocks as it did."""
-    from langchain_core.language_models.chat_models import _format_for_tracing
-    from langchain_core.messages import HumanMessage, content
-
-    import speceyes_graph.messages  # noqa: F401 - importing the package applies it
-
-    cached = content._get_data_content_block_types
-    assert hasattr(cached, "cache_info")
-    assert cached() == cached.__wrapped__() and "image" in cached()
-    block = {"type": "image", "url": "blob://abc", "mime_type": "image/png"}
-    traced = _format_for_tracing([HumanMessage(content=[block])])[0]
-    assert traced.content[0] == {"type": "image_url", "image_url": {"url": "blob://abc"}}
-
-
 def test_prompts_over_resized_images_skip_the_thread_hop(tmp_path, monkeypatch):
     """abatch reads an image and builds a prompt in a worker thread only while there is
     decoding or resizing to do: asked again about the same images (POPE asks three questions

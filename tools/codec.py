@@ -259,11 +259,11 @@ def _missing_decoder(im: Image.Image, name: str) -> ImageLoadError | None:
             return ImageLoadError(
                 f"this server cannot read image {name} (EPS): Ghostscript is not installed"
             )
-    if isinstance(im, ImageFile.StubImageFile) and im._handler is None:
+    if isinstance(im, ImageFile.StubImageFile):  # needs a handler the application registers
         why = (
             "Pillow renders them only on Windows"
             if fmt == "WMF"
-            else "Pillow reads only the header and no handler for it is registered"
+            else "Pillow reads only the header of them"
         )
         return ImageLoadError(f"this server cannot read image {name} ({fmt}): {why}")
     return None

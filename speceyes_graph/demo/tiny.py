@@ -282,6 +282,7 @@ def build_qwen_vl(
     tiny test checkpoints, the demo training and the full-size GPU benchmark.
     """
     from transformers import (
+        AutoModelForImageTextToText,
         GenerationConfig,
         Qwen2_5_VLConfig,
         Qwen2_5_VLForConditionalGeneration,
@@ -308,7 +309,11 @@ def build_qwen_vl(
     config = config_cls(
         text_config=text, vision_config=vision, tie_word_embeddings=tie, **extra, **placeholders
     )
-    model = model_cls._from_config(config, dtype=dtype) if dtype is not None else model_cls(config)
+    model = (
+        AutoModelForImageTextToText.from_config(config, dtype=dtype)
+        if dtype is not None
+        else model_cls(config)
+    )
     model.generation_config = GenerationConfig(
         bos_token_id=ids["bos_token_id"],
         eos_token_id=[ids["eos_token_id"], ids["pad_token_id"]],

@@ -19,7 +19,6 @@ import functools
 import json
 from typing import Annotated, Any
 
-from langchain_core.callbacks import BaseCallbackManager
 from langchain_core.messages import (
     AIMessage,
     AnyMessage,
@@ -35,6 +34,7 @@ from typing_extensions import TypedDict
 
 from speceyes_tools.images import ImageStore, default_store
 
+from .._compat import without_messages_stream
 from ..effects import Blocking, Steps, Subgraph, arun_steps, node, run_steps
 from ..graph.build import create_speceyes_graph
 from ..messages import dehydrate
@@ -82,21 +82,9 @@ def _without_message_stream(config: RunnableConfig) -> RunnableConfig:
     run inside the chat graph: with ``subgraphs=True`` that handler would stream every message
     the inner nodes write (the agent's turns, tool results). Tracing, user callbacks and the
     other stream modes (``updates``, ``custom``: the agent's steps) still see the inner run."""
-    try:  # LangGraph's own class; its module is private, so a move must not break the chat
-        from langgraph.pregel._messages import StreamMessagesHandler
-    except ImportError:  # pragma: no cover - a LangGraph that moved it: stream as it does
+    if config.get("callbacks") is None:
         return config
-    callbacks = config.get("callbacks")
-    if isinstance(callbacks, BaseCallbackManager):
-        kept = callbacks.copy()
-        for handler in list(kept.handlers) + list(kept.inheritable_handlers):
-            if isinstance(handler, StreamMessagesHandler):
-                kept.remove_handler(handler)
-    elif isinstance(callbacks, list):
-        kept = [h for h in callbacks if not isinstance(h, StreamMessagesHandler)]
-    else:
-        return config
-    return {**config, "callbacks": kept}
+    return {**config, "callbacks": without_messages_stream(config["callbacks"])}
 
 
 def _run_unstreamed(graph: Any, query: dict[str, Any], config: RunnableConfig) -> Steps:

@@ -65,6 +65,7 @@ from speceyes_tools.deadlines import deadline_scope, to_worker_thread
 from speceyes_tools.images import ImageStore, default_store, store_scope
 
 from .. import phases
+from .._compat import set_input_channel
 from ..effects import Blocking, Steps, arun_steps, run_steps
 from ..gate.online import OnlineGate
 from ..gate.online_steps import OnlineSteps
@@ -129,8 +130,8 @@ def pixel_free_agent(agent: Any, store: ImageStore | None = None) -> Any:
     if not isinstance(graph, Pregel) or START not in graph.channels:
         raise TypeError(f"pixel_free_agent takes a compiled graph, got {type(agent).__name__}")
     schema = getattr(getattr(graph, "builder", None), "input_schema", dict)
-    graph.channels[START] = RunInput(
-        schema, keep=functools.partial(pasted_images_kept, store=store)
+    set_input_channel(
+        graph, RunInput(schema, keep=functools.partial(pasted_images_kept, store=store))
     )
     return agent
 

@@ -50,6 +50,7 @@ from speceyes_tools.deadlines import (
 from speceyes_tools.geometry import Coordinates
 from speceyes_tools.images import ResizeSpec
 
+from .._compat import StreamsWhenAsked  # only an explicit stream() streams
 from .batching import BatchScheduler
 from .conversion import convert_messages, special_token_escaper
 from .families import box_convention, processor_resize
@@ -101,7 +102,7 @@ _PREPAID: contextvars.ContextVar[_Prepaid | None] = contextvars.ContextVar(
 _FORCING = ("any", "required", True)
 
 
-class ChatTransformersVLM(BaseChatModel):
+class ChatTransformersVLM(StreamsWhenAsked, BaseChatModel):
     """A local image-text-to-text checkpoint as a batched LangChain chat model.
 
     Example::
@@ -586,33 +587,6 @@ class ChatTransformersVLM(BaseChatModel):
         prepared = await to_worker_thread(self._prepare_request, key, messages, request)
         message = await self._acall(key, prepared)
         return ChatResult(generations=[ChatGeneration(message=message)])
-
-    def _should_stream(
-        self,
-        *,
-        async_api: bool,
-        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> bool:
-        # Only an explicit stream()/astream() (or streaming=True) streams: a callback handler
-        # that could take tokens (LangGraph's stream_mode="messages") must not turn every
-        # call inside a graph into an unbatched generation.
-        if not (kwargs.get("stream") or self.streaming):
-            return False
-        return super()._should_stream(async_api=async_api, run_manager=run_manager, **kwargs)
-
-    def _should_use_protocol_streaming(
-        self,
-        *,
-        async_api: bool,
-        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> bool:
-        if not (kwargs.get("stream") or self.streaming):
-            return False
-        return super()._should_use_protocol_streaming(
-            async_api=async_api, run_manager=run_manager, **kwargs
-        )
 
     def _stream(
         self,

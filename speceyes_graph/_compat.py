@@ -1,0 +1,125 @@
+"""Every place speceyes-graph relies on a dependency's internals, and why.
+
+Nothing else in the package imports a dependency's private module or changes a dependency's
+objects (``tests/test_layout.py`` checks the imports). Each entry here is one that no public
+API covers yet; it says which public way was tried, and what upstream change would remove
+it. ``tests/test_compat.py`` has a test for each that fails when the dependency changes what
+the entry relies on; CI runs it at the newest releases and at the declared floors
+(``scripts/floors.sh``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from langchain_core.callbacks import BaseCallbackManager
+
+# LangGraph's own node runnable: a sync and an async function in one node, ``config`` and
+# ``runtime`` injected as for a function node, and no traced run of its own (LangGraph's node
+# run is the trace). The public ``RunnableLambda(func, afunc)`` takes both functions but
+# traces a second run inside every node and injects no ``runtime``. Upstream, LangGraph plans
+# to take plain callables and an async-invocable protocol in ``add_node``
+# (langchain-ai/langgraph#5092); a node given both would remove this import.
+from langgraph._internal._runnable import RunnableCallable
+from langgraph.channels import EphemeralValue
+from langgraph.constants import START
+
+# LangGraph's handler of stream_mode="messages" (see without_messages_stream)
+from langgraph.pregel._messages import StreamMessagesHandler
+
+__all__ = [
+    "NO_VALUE",
+    "RunnableCallable",
+    "StreamsWhenAsked",
+    "cache_content_block_types",
+    "set_input_channel",
+    "without_messages_stream",
+]
+
+
+def without_messages_stream(callbacks: Any) -> Any:
+    """``callbacks`` (a manager or a list) without LangGraph's ``stream_mode="messages"``
+    handler, for a graph run inside a node whose inner messages must not reach the caller's
+    messages stream, while tracing and the other stream modes still see the inner run.
+
+    Public ways fall short: the ``nostream`` tag (``langgraph.constants.TAG_NOSTREAM``)
+    silences chat-model tokens only, not the messages the inner nodes write, and the hidden
+    tag hides the run from tracing too. A ``nostream`` tag that covered node outputs would
+    remove this (no upstream issue found)."""
+    if isinstance(callbacks, BaseCallbackManager):
+        kept = callbacks.copy()
+        for handler in list(kept.handlers) + list(kept.inheritable_handlers):
+            if isinstance(handler, StreamMessagesHandler):
+                kept.remove_handler(handler)
+        return kept
+    if isinstance(callbacks, list):
+        return [h for h in callbacks if not isinstance(h, StreamMessagesHandler)]
+    return callbacks
+
+
+NO_VALUE: Any = EphemeralValue(object).value
+"""LangGraph's marker for a channel with no value, as a fresh channel holds it (what
+``from_checkpoint`` receives for a channel the checkpoint lacks). LangGraph keeps it in a
+private module; a fresh channel's value is the one way to reach it."""
+
+
+def set_input_channel(compiled: Any, channel: Any) -> None:
+    """Make ``channel`` a compiled graph's record of each run's input (its ``__start__``
+    channel), so a value is changed as LangGraph takes the input, before any checkpoint or
+    saved write holds it (pasted images become image-store keys).
+
+    No public hook sees the input first: ``input_schema`` channels and reducers apply after
+    ``__start__`` is checkpointed, and a checkpointer's serializer would see pixels in every
+    write it encodes. A public input hook on ``StateGraph.compile`` would remove this (no
+    upstream issue found)."""
+    if START not in compiled.channels:
+        raise TypeError(f"{type(compiled).__name__} has no {START} channel to replace")
+    compiled.channels[START] = channel
+
+
+class StreamsWhenAsked:
+    """A chat model that streams only when asked (``stream()``/``astream()``, or
+    ``streaming=True``), mixed in before :class:`~langchain_core.language_models.BaseChatModel`.
+
+    langchain-core streams an ``invoke`` whenever a callback handler could take tokens, which
+    LangGraph's ``stream_mode="messages"`` always adds: every call inside a streamed graph
+    would become an unbatched generation. The public ``disable_streaming`` turns explicit
+    ``stream()`` off too. langchain-core asks two private methods; a public "stream only when
+    asked" setting would remove these overrides. ``_should_use_protocol_streaming`` is absent
+    in older langchain-core releases, where it is simply never called."""
+
+    def _should_stream(self, *, async_api: bool, run_manager: Any = None, **kwargs: Any) -> bool:
+        if not (kwargs.get("stream") or getattr(self, "streaming", False)):
+            return False
+        return bool(
+            super()._should_stream(  # type: ignore[misc]
+                async_api=async_api, run_manager=run_manager, **kwargs
+            )
+        )
+
+    def _should_use_protocol_streaming(
+        self, *, async_api: bool, run_manager: Any = None, **kwargs: Any
+    ) -> bool:
+        if not (kwargs.get("stream") or getattr(self, "streaming", False)):
+            return False
+        return bool(
+            super()._should_use_protocol_streaming(  # type: ignore[misc]
+                async_api=async_api, run_manager=run_manager, **kwargs
+            )
+        )
+
+
+def cache_content_block_types() -> None:
+    """Every chat-model call formats its messages for tracing, and langchain-core asks, for
+    each image block, ``typing.get_type_hints`` of its data-block types anew (about 0.7 ms a
+    call, a tenth of the graph's host time when models answer at once). The types are fixed
+    when langchain-core is imported, so the answer is computed once: the one change this
+    package makes to a dependency's objects, applied on import. A langchain-core that caches
+    it itself (as ``langchain`` did for its own type resolution, langchain-ai/langchain#36649),
+    or names it otherwise, is left alone."""
+    from langchain_core.messages import content
+
+    compute = getattr(content, "_get_data_content_block_types", None)
+    if callable(compute) and not hasattr(compute, "cache_info"):
+        content._get_data_content_block_types = functools.cache(compute)
