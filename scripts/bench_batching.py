@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from langchain_core.messages import SystemMessage
 
-from speceyes_graph import GateConfig, create_speceyes_graph
+from speceyes_graph import GateConfig, LoopOptions, create_speceyes_graph
 from speceyes_graph.benchmarks.throughput import FixedDecisionJudge, shape_queries
 from speceyes_graph.messages import user_message
 from speceyes_graph.models import ChatTransformersVLM
@@ -113,7 +113,7 @@ def mixed_workload(models: Path, queries: list[dict], steps: int) -> None:
     tau = float(np.median([d["draft"]["score"] for d in drafts]))
     gate = GateConfig(tau=tau)
     graph = create_speceyes_graph(
-        judge=judge, speculator=small, agent=large, gate=gate, max_agent_steps=steps
+        judge=judge, speculator=small, agent=large, gate=gate, loop=LoopOptions(max_steps=steps)
     ).compile()
     print(
         f"3. mixed workload, {len(queries)} queries: 3/4 judged tool-free, tau={tau:.4f} (median draft score), "
@@ -137,7 +137,9 @@ def mixed_workload(models: Path, queries: list[dict], steps: int) -> None:
     ours, wall_ours = timed(lambda: graph.batch(queries, {"max_concurrency": len(queries)}))
     c1 = counts()
 
-    agent_only = create_speceyes_graph(agent=large, mode="agent", max_agent_steps=steps).compile()
+    agent_only = create_speceyes_graph(
+        agent=large, mode="agent", loop=LoopOptions(max_steps=steps)
+    ).compile()
     small_only = create_speceyes_graph(speculator=small, mode="small", gate=gate).compile()
 
     def published():

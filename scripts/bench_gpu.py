@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from langchain_core.messages import AIMessage, SystemMessage
 
-from speceyes_graph import GateConfig, create_speceyes_graph
+from speceyes_graph import GateConfig, LoopOptions, create_speceyes_graph
 from speceyes_graph.benchmarks.throughput import (
     FixedDecisionJudge,
     ceiling,
@@ -236,7 +236,7 @@ def graph_parts(small, large, args) -> None:
                     speculator=small,
                     agent=large,
                     gate=GateConfig(tau=tau),
-                    max_agent_steps=args.steps,
+                    loop=LoopOptions(max_steps=args.steps),
                     speculation=speculation,
                 )
 

@@ -200,7 +200,7 @@ def measure(label: str, run, n: int) -> dict:
 
 
 def speceyes_graph(url: str):
-    from speceyes_graph import GateConfig, create_speceyes_graph
+    from speceyes_graph import GateConfig, LoopOptions, create_speceyes_graph
     from speceyes_graph.models import openai_chat_model
     from speceyes_tools import ResizeSpec
 
@@ -210,7 +210,7 @@ def speceyes_graph(url: str):
     )
     large = openai_chat_model(url, "large", resize=resize, probe=False, max_retries=0)
     return create_speceyes_graph(
-        speculator=small, agent=large, gate=GateConfig(tau=0.98, k=K), max_agent_steps=2
+        speculator=small, agent=large, gate=GateConfig(tau=0.98, k=K), loop=LoopOptions(max_steps=2)
     ).compile()
 
 
@@ -218,7 +218,7 @@ def scripted_graph(delay_s: float):
     """The same graph and replies as the loopback server's, from in-process scripted models."""
     from langchain_core.messages import AIMessage
 
-    from speceyes_graph import GateConfig, create_speceyes_graph
+    from speceyes_graph import GateConfig, LoopOptions, create_speceyes_graph
     from speceyes_graph.models import ScriptedChatModel
     from speceyes_graph.protocol import message_text
 
@@ -241,7 +241,7 @@ def scripted_graph(delay_s: float):
         speculator=small,
         agent=large,
         gate=GateConfig(tau=0.98, k=K),
-        max_agent_steps=2,
+        loop=LoopOptions(max_steps=2),
     ).compile()
 
 

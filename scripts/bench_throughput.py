@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from speceyes_graph import GateConfig, create_speceyes_graph
+from speceyes_graph import GateConfig, LoopOptions, create_speceyes_graph
 from speceyes_graph.benchmarks.throughput import (
     FixedDecisionJudge,
     ceiling,
@@ -95,7 +95,7 @@ def setup(kind: str, folder: Path, n: int, batch: int):
             speculator=small,
             agent=large,
             gate=GateConfig(tau=tau),
-            max_agent_steps=3,
+            loop=LoopOptions(max_steps=3),
             speculation=speculation,
         )
 

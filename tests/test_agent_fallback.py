@@ -7,7 +7,6 @@ phases callable on their own."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pytest
 from langchain.agents import create_agent
@@ -121,11 +120,17 @@ def test_the_given_agents_errors_are_the_querys(scene):
 
     # a last message that is not an answer (the agent stopped on a tool call)
     def silent(state: MessagesState):
-        return {"messages": [AIMessage(content="", tool_calls=[{"name": "x", "args": {}, "id": "1"}])]}
+        return {
+            "messages": [AIMessage(content="", tool_calls=[{"name": "x", "args": {}, "id": "1"}])]
+        }
 
-    out = create_speceyes_graph(
-        judge=judge("yes"), speculator=speculator("A"), agent=one_node_agent(silent)
-    ).compile().invoke(query(scene))
+    out = (
+        create_speceyes_graph(
+            judge=judge("yes"), speculator=speculator("A"), agent=one_node_agent(silent)
+        )
+        .compile()
+        .invoke(query(scene))
+    )
     assert out["answer"] is None and "not an answer" in out["error"]
 
 
@@ -156,35 +161,36 @@ def setup_of(**kw):
         mode="speceyes", gate=None, speculation=None, loop=None, prompts=None, resize=None,
         limits=None, store=None, on_error="record",
     )  # fmt: skip
-    legacy = {k: kw.pop(k) for k in list(kw) if k not in args}
-    return resolve_setup(**{**args, **kw}, legacy=legacy)
+    return resolve_setup(**{**args, **kw})
 
 
-def test_the_old_spelling_resolves_to_the_same_setup():
-    old = setup_of(
-        max_agent_steps=3, protocol="native", speculation="parallel", judge_max_tokens=5,
-        draft_max_tokens=7, speculation_depth=2, speculator_step_tokens=64,
-    )  # fmt: skip
-    new = setup_of(
+@pytest.mark.parametrize(
+    "old",
+    [
+        {"max_agent_steps": 3},
+        {"protocol": "native"},
+        {"speculator_as_judge": True},
+        {"judge_max_tokens": 5},
+        {"speculation_depth": 1},
+        {"speculator_resize": None},
+    ],
+)
+def test_the_keywords_of_the_groups_are_not_taken_loose(old):
+    """Each setting lives in its group (``loop=LoopOptions(max_steps=3)``); the loose
+    keywords of the unreleased drafts are refused by name rather than aliased."""
+    with pytest.raises(TypeError, match=next(iter(old))):
+        create_speceyes_graph(speculator=speculator("A"), agent=zooming_model(), **old)
+
+
+def test_the_groups_resolve_and_bad_values_are_refused():
+    setup = setup_of(
         loop=LoopOptions(protocol="native", max_steps=3),
-        speculation=SpeculationOptions(
-            start="parallel", judge_max_tokens=5, draft_max_tokens=7, depth=2, step_tokens=64
-        ),
+        speculation=SpeculationOptions(start="parallel", judge_max_tokens=5, depth=2),
     )
-    assert old.defaults == new.defaults and old.loop == new.loop
-    assert dataclasses.asdict(old.speculation) == dataclasses.asdict(new.speculation)
-    assert (old.protocol, old.parallel, old.max_steps) == ("native", True, 3)
-    for setup in (setup_of(speculator_as_judge=True), setup_of(judge="speculator")):
-        assert setup.judge is setup.speculator
-
-
-def test_an_old_keyword_sets_its_field_of_a_group_and_unknown_ones_are_refused():
-    beside = setup_of(max_agent_steps=3, loop=LoopOptions(max_steps=4, explain_problems=True))
-    assert beside.max_steps == 3 and beside.loop.explain_problems
-    beside = setup_of(speculation_depth=1, speculation=SpeculationOptions(start="parallel", depth=2))
-    assert beside.speculation.depth == 1 and beside.parallel
-    with pytest.raises(TypeError, match="unexpected keyword"):
-        setup_of(max_steps=3)
+    assert (setup.protocol, setup.parallel, setup.max_steps) == ("native", True, 3)
+    assert setup.speculation.judge_max_tokens == 5 and setup.speculation.depth == 2
+    ablation = setup_of(judge="speculator")
+    assert ablation.judge is ablation.speculator
     with pytest.raises(ValueError, match="max_agent_steps must be"):
         setup_of(loop=LoopOptions(max_steps=0))
     with pytest.raises(ValueError, match="start"):
@@ -197,6 +203,7 @@ def test_defaults_follow_the_protocol():
     deepeyes = setup_of()
     assert deepeyes.protocol == "deepeyes" and deepeyes.gate.tau == 0.98 and deepeyes.max_steps == 6
     assert setup_of(tools="vision").protocol == "native"
+
     # depth-D speculation: the small loop's turns are as long as the agent's by default
     class Long(ScriptedChatModel):
         max_tokens: int = 256

@@ -240,7 +240,7 @@ def test_step_bound(scene, with_draft):
         judge=judge("no" if with_draft else "yes"),
         speculator=speculator("A", 3.0),
         agent=agent,
-        max_agent_steps=3,
+        loop=LoopOptions(max_steps=3),
     ).compile()
     out = g.invoke({"question": "q?", "images": [scene]})
     assert len(out["agent_steps"]) == 3 and agent.calls == 3

@@ -13,7 +13,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage
 from scripted_generate import scripted_chat_model
 
-from speceyes_graph import GateConfig, create_speceyes_graph
+from speceyes_graph import GateConfig, LoopOptions, create_speceyes_graph
 from speceyes_graph.models import ChatTransformersVLM
 
 
@@ -144,7 +144,7 @@ def test_graph_model_calls_are_traced_with_their_phase(tiny_chat, scene):
     rec = Recorder()
     g = create_speceyes_graph(
         speculator=tiny_chat["small"], agent=tiny_chat["large"], gate=GateConfig(k=16, tau=1.0),
-        max_agent_steps=1,
+        loop=LoopOptions(max_steps=1),
     ).compile()  # fmt: skip
     g.invoke({"question": "What colour?", "images": [scene]}, {"callbacks": [rec]})
     assert rec.names[0] == "judge" and rec.starts == rec.ends >= 2

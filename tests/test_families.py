@@ -18,7 +18,7 @@ import torch
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from PIL import Image
 
-from speceyes_graph import GateConfig, create_speceyes_graph
+from speceyes_graph import GateConfig, LoopOptions, create_speceyes_graph
 from speceyes_graph.agents.steps import first_user_message
 from speceyes_graph.demo.tiny_families import FAMILIES, PALIGEMMA_CHAT_TEMPLATE
 from speceyes_graph.messages import to_wire
@@ -83,7 +83,7 @@ def test_every_role_in_the_graph(tiny_families, family, tmp_path):
             tools="deepeyes",
             mode=mode,
             gate=GateConfig(tau=0.0, k=8),
-            max_agent_steps=2,
+            loop=LoopOptions(max_steps=2),
         ).compile()
         batched = graph.batch(queries)
         alone = graph.invoke(queries[1])

@@ -11,7 +11,7 @@ from langgraph.graph.message import add_messages
 from typing_extensions import TypedDict
 
 from helpers import deepeyes_agent, judge, speculator
-from speceyes_graph import GateConfig, create_speceyes_graph, parse_judge
+from speceyes_graph import GateConfig, SpeculationOptions, create_speceyes_graph, parse_judge
 from speceyes_graph.gate.separability import acceptance_score
 from speceyes_graph.models import ScriptedChatModel
 from speceyes_graph.state import merge_timings
@@ -46,7 +46,10 @@ def test_phases_ask_for_the_published_lengths(scene):
     assert j.call_kwargs[0]["max_tokens"] == 10 and s.call_kwargs[0]["max_tokens"] == 20
     j2 = judge("no")
     g = create_speceyes_graph(
-        judge=j2, speculator=speculator(), agent=deepeyes_agent(), judge_max_tokens=None
+        judge=j2,
+        speculator=speculator(),
+        agent=deepeyes_agent(),
+        speculation=SpeculationOptions(judge_max_tokens=None),
     )
     g.compile().invoke(query(scene))
     assert "max_tokens" not in j2.call_kwargs[0]
@@ -132,7 +135,6 @@ def test_mode_small_never_falls_back(scene):
 
 
 def test_speculator_as_judge(scene):
-    big_judge = judge("yes")
     small = ScriptedChatModel(
         respond=lambda msgs: (
             "no"
@@ -142,11 +144,9 @@ def test_speculator_as_judge(scene):
             )
         )
     )
-    g = create_speceyes_graph(
-        judge=big_judge, speculator=small, agent=deepeyes_agent(), speculator_as_judge=True
-    )
+    g = create_speceyes_graph(judge="speculator", speculator=small, agent=deepeyes_agent())
     out = g.compile().invoke(query(scene))
-    assert big_judge.calls == 0 and small.calls == 2
+    assert small.calls == 2  # the judge call and the draft
     assert out["route"] == "speculative"
 
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import write_scene
 
 from helpers import deepeyes_agent, judge, question_of, speculator
-from speceyes_graph import Limits, create_speceyes_graph
+from speceyes_graph import Limits, LoopOptions, create_speceyes_graph
 from speceyes_graph.models import ScriptedChatModel
 from speceyes_tools import ImagePolicy, ImageStore
 from speceyes_tools.codec import read_header
@@ -72,7 +72,7 @@ def test_the_query_deadline_bounds_a_slow_agent_loop(scene):
     g = build(
         agent=ScriptedChatModel(respond=slow_agent),
         limits=Limits(query_timeout_s=1.0),
-        max_agent_steps=30,
+        loop=LoopOptions(max_steps=30),
     )
     outs, took = batch(g, [{"question": "tiny?", "images": [scene]}, {**GOOD, "images": [scene]}])
     slow = outs[0]
@@ -209,7 +209,9 @@ def test_tiny_model_context_caps_the_question(tiny_chat, tmp_path):
     small, large = tiny_chat["small"], tiny_chat["large"]
     assert large.context_length == 4096
     assert large.count_tokens("x" * 10_000) > 3072
-    g = create_speceyes_graph(speculator=small, agent=large, max_agent_steps=2).compile()
+    g = create_speceyes_graph(
+        speculator=small, agent=large, loop=LoopOptions(max_steps=2)
+    ).compile()
     scenes = [
         write_scene(tmp_path / f"q{i}.png", size=(320, 240), box=(20 * i, 20, 20 * i + 60, 80))
         for i in range(3)

@@ -8,7 +8,7 @@ from conftest import write_scene
 from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage
 
 from helpers import judge
-from speceyes_graph import GateConfig, create_speceyes_graph
+from speceyes_graph import GateConfig, LoopOptions, create_speceyes_graph
 from speceyes_graph.gate.separability import answer_separability, answer_separability_from_logprobs
 from speceyes_graph.messages import user_message
 from speceyes_graph.models import ChatTransformersVLM, to_hf_messages
@@ -236,7 +236,7 @@ def test_full_graph_on_tiny_models(tiny_chat, scenes, mode):
         agent=large,
         mode=mode,
         gate=GateConfig(k=16),
-        max_agent_steps=2,
+        loop=LoopOptions(max_steps=2),
     ).compile()
     outs = g.batch(
         [
@@ -267,7 +267,7 @@ def test_real_models_follow_the_gate(tiny_chat, scenes, tau, route):
         speculator=tiny_chat["small"],
         agent=tiny_chat["large"],
         gate=GateConfig(k=16, tau=tau),
-        max_agent_steps=2,
+        loop=LoopOptions(max_steps=2),
     ).compile()
     out = g.invoke({"question": "What colour?", "images": [scenes[0]]})
     assert out["route"] == route and out.get("error") is None

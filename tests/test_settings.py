@@ -4,7 +4,7 @@ import pytest
 from langchain_core.messages import AIMessage
 
 from helpers import deepeyes_agent, judge, speculator
-from speceyes_graph import GateConfig, Limits, SpecEyesError, create_speceyes_graph
+from speceyes_graph import GateConfig, Limits, LoopOptions, SpecEyesError, create_speceyes_graph
 from speceyes_graph.gate.separability import acceptance_score
 from speceyes_graph.models import ScriptedChatModel, fake_logprobs
 
@@ -55,7 +55,9 @@ def never_answers():
 
 
 def test_max_agent_steps_per_run_and_the_recursion_limit_follows(scene):
-    g = build("yes", a=never_answers(), max_agent_steps=13)  # used to raise GraphRecursionError
+    g = build(
+        "yes", a=never_answers(), loop=LoopOptions(max_steps=13)
+    )  # used to raise GraphRecursionError
     out = g.invoke(q(scene))
     assert len(out["agent_steps"]) == 13 and out["stop_reason"].startswith("step_limit")
     assert len(g.invoke(q(scene), context={"max_agent_steps": 3})["agent_steps"]) == 3

@@ -18,7 +18,7 @@ from langchain_core.messages import AIMessage
 from PIL import Image
 
 from helpers import question_of
-from speceyes_graph import create_speceyes_graph
+from speceyes_graph import LoopOptions, create_speceyes_graph
 from speceyes_graph.models import ChatTransformersVLM, ScriptedChatModel, fake_logprobs
 from speceyes_graph.models.batching import BatchScheduler
 from speceyes_graph.models.image_cache import CachedImageProcessor, image_keys
@@ -61,7 +61,7 @@ def test_image_cache_reuses_the_judge_image_on_the_first_agent_turn(tiny_models,
     small = ChatTransformersVLM(model=str(tiny_models["small"]), top_logprobs=8, max_new_tokens=4)
     judge = ScriptedChatModel(respond=lambda m: "yes")  # always to the agent loop
     graph = create_speceyes_graph(
-        judge=judge, speculator=small, agent=large, max_agent_steps=1
+        judge=judge, speculator=small, agent=large, loop=LoopOptions(max_steps=1)
     ).compile()
     cache = large.processor.image_processor
     before = cache.hits, cache.misses
@@ -71,7 +71,9 @@ def test_image_cache_reuses_the_judge_image_on_the_first_agent_turn(tiny_models,
     # the large model judges, the draft has no log-probs (always rejected), so the agent's
     # first turn follows the judge on the same image: one miss (judge), then one hit (agent)
     no_scores = ScriptedChatModel(respond=lambda m: "A")
-    graph2 = create_speceyes_graph(speculator=no_scores, agent=large, max_agent_steps=1).compile()
+    graph2 = create_speceyes_graph(
+        speculator=no_scores, agent=large, loop=LoopOptions(max_steps=1)
+    ).compile()
     cache.clear()
     before = cache.hits, cache.misses
     out = graph2.invoke({"question": "What is it?", "images": [scene]})
@@ -287,7 +289,11 @@ def test_a_discarded_draft_is_not_the_agents_fallback(scene):
     judge, draft, _ = _models()
     silent = ScriptedChatModel(respond=lambda m: "I cannot decide.")  # never answers
     graph = create_speceyes_graph(
-        judge=judge, speculator=draft, agent=silent, speculation="parallel", max_agent_steps=1
+        judge=judge,
+        speculator=draft,
+        agent=silent,
+        speculation="parallel",
+        loop=LoopOptions(max_steps=1),
     ).compile()
     out = graph.invoke({"question": "needs tools, certain", "images": [scene]})
     assert out["route"] == "judged-agentic" and out["answer"] is None
@@ -368,7 +374,7 @@ def test_results_are_bit_identical_on_the_tiny_models(tiny_models, scene, monkey
     }
     inputs = [{"question": f"What is shown? ({i})", "images": [scene]} for i in range(4)]
     after, parallel, old = _three_ways(
-        models, inputs, monkeypatch, speculator_as_judge=True, max_agent_steps=2
+        models, inputs, monkeypatch, judge="speculator", loop=LoopOptions(max_steps=2)
     )
     assert parallel == after
     assert old == after

@@ -8,7 +8,7 @@ import pytest
 from langchain_core.messages import AIMessage
 
 from helpers import deepeyes_agent, judge
-from speceyes_graph import GateConfig, create_speceyes_graph
+from speceyes_graph import GateConfig, SpeculationOptions, create_speceyes_graph
 from speceyes_graph.gate.separability import acceptance_score, answer_span
 from speceyes_graph.models import ScriptedChatModel, fake_logprobs
 from speceyes_graph.protocol import message_text
@@ -44,12 +44,12 @@ def small_agent(answer_sep=9.0, think_sep=3.0, zooms=1, bbox=(0, 0, 64, 64), dra
     return ScriptedChatModel(respond=respond)
 
 
-def build(small, agent=None, depth=1, **kw):
+def build(small, agent=None, depth=1, small_resize=None, **kw):
     return create_speceyes_graph(
         judge=judge("yes"),
         speculator=small,
         agent=agent or deepeyes_agent(answer="green"),
-        speculation_depth=depth,
+        speculation=SpeculationOptions(depth=depth, resize=small_resize),
         **kw,
     ).compile()
 
@@ -144,7 +144,10 @@ def test_depth_per_run_and_its_ceiling(scene):
 
 def test_tool_free_queries_are_unchanged_by_depth(scene):
     graph = create_speceyes_graph(
-        judge=judge("no"), speculator=small_agent(), agent=deepeyes_agent(), speculation_depth=1
+        judge=judge("no"),
+        speculator=small_agent(),
+        agent=deepeyes_agent(),
+        speculation=SpeculationOptions(depth=1),
     ).compile()
     out = graph.invoke(query(scene))
     assert out["route"] == "speculative" and out["answer"] == "blue" and out["tool_draft"] is None
@@ -161,7 +164,7 @@ def test_small_loop_boxes_are_in_the_small_models_frame(scene, tmp_path):
     graph = build(
         small_agent(bbox=(0, 0, 112, 112)),
         resize=ResizeSpec(factor=28, min_pixels=448 * 448, max_pixels=448 * 448),
-        speculator_resize=small_frame,
+        small_resize=small_frame,
     )
     out = graph.invoke({"question": "What colour?", "images": [big]})
     box = out["tool_draft"]["steps"][0]["tool_calls"][0]["box"]
@@ -257,7 +260,7 @@ def test_thyme_small_loop_runs_its_code_in_the_sandbox(scene, served):
         speculator=small,
         agent=agent,
         tools="thyme",
-        speculation_depth=1,
+        speculation=SpeculationOptions(depth=1),
     ).compile()
     out = graph.invoke({"question": "good: What is the color of the cup?", "images": [scene]})
     tool = out["tool_draft"]

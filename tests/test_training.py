@@ -1,11 +1,13 @@
 """The demo world and training data: rendered exactly as the graph renders at inference."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from langchain_core.messages import AIMessage
 from PIL import Image
 
-from speceyes_graph import create_speceyes_graph
+from speceyes_graph import SpeculationOptions, create_speceyes_graph
 from speceyes_graph.demo import DEMO_GRAPH_SETTINGS
 from speceyes_graph.demo.training import (
     build_demo_processor,
@@ -173,17 +175,18 @@ def test_training_prompts_match_what_the_graph_sends(processors, tmp_path):
         speculator=ScriptedChatModel(respond=small),
         agent=ScriptedChatModel(respond=large),
         prompts=DEMO_PROMPTS,
-        loop=DEMO_GRAPH_SETTINGS["loop"],
         resize=LARGE_SPEC,
-        speculator_resize=SMALL_SPEC,
+        speculation=SpeculationOptions(resize=SMALL_SPEC),
     )
     # first pass: the draft path (a judge that says no)
     create_speceyes_graph(
-        judge=ScriptedChatModel(respond=lambda m: "no"), max_agent_steps=1, **common
+        judge=ScriptedChatModel(respond=lambda m: "no"),
+        loop=dataclasses.replace(DEMO_GRAPH_SETTINGS["loop"], max_steps=1),
+        **common,
     ).compile().invoke(query)
     out = (
         create_speceyes_graph(
-            judge=ScriptedChatModel(respond=large), speculator_as_judge=False, **common
+            judge=ScriptedChatModel(respond=large), loop=DEMO_GRAPH_SETTINGS["loop"], **common
         )
         .compile()
         .invoke(query)
@@ -242,8 +245,7 @@ def test_small_loop_prompts_match_what_the_graph_sends(processors, tmp_path):
             prompts=DEMO_PROMPTS,
             loop=DEMO_GRAPH_SETTINGS["loop"],
             resize=LARGE_SPEC,
-            speculator_resize=SMALL_SPEC,
-            speculation_depth=1,
+            speculation=SpeculationOptions(resize=SMALL_SPEC, depth=1),
         )
         .compile()
         .invoke({"question": scene.question, "images": [str(path)], "options": scene.options})

@@ -25,7 +25,7 @@ from engine_parity import (  # noqa: E402
     run_configuration,
 )
 
-from speceyes_graph import create_speceyes_chat_graph  # noqa: E402
+from speceyes_graph import LoopOptions, create_speceyes_chat_graph  # noqa: E402
 from speceyes_graph.demo import (  # noqa: E402
     DEMO_GRAPH_SETTINGS,
 )
@@ -251,7 +251,7 @@ def test_a_family_of_another_kind_served_by_vllm(tiny_families, tmp_path):
         for mode in ("small", "speceyes", "agent"):
             graph = create_speceyes_graph(
                 speculator=small, agent=large, tools="deepeyes", mode=mode,
-                gate=GateConfig(tau=0.0, k=8), max_agent_steps=2,
+                gate=GateConfig(tau=0.0, k=8), loop=LoopOptions(max_steps=2),
             ).compile()  # fmt: skip
             for out in graph.batch(queries):
                 assert out["error"] is None, (mode, out["error"])

@@ -35,7 +35,6 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import Runnable
 from langgraph.graph import END, START, StateGraph
-from typing_extensions import Unpack
 
 from speceyes_tools.images import ImageStore, ResizeSpec
 
@@ -73,7 +72,6 @@ from .nodes import (
 )
 from .options import (
     THYME_TAU,
-    LegacyOptions,
     Speculation,
     SpeculationOptions,
     ToolsSpec,
@@ -116,7 +114,6 @@ def create_speceyes_graph(
     limits: Limits | None = None,
     store: ImageStore | None = None,
     on_error: OnError = "record",
-    **legacy: Unpack[LegacyOptions],
 ) -> StateGraph[SpecEyesState, SpecEyesContext, SpecEyesInput, SpecEyesOutput]:
     """Build the (uncompiled) SpecEyes graph; call ``.compile()`` with your checkpointer.
 
@@ -161,17 +158,11 @@ def create_speceyes_graph(
             crops and inputs are kept (its ``blobs``), decode cache and memory budget.
         on_error: ``record`` (a failed query returns with ``error`` set: right for batches)
             or ``raise`` (the run fails with :class:`SpecEyesError`: right for servers).
-        **legacy: the keywords of earlier releases, still accepted
-            (:class:`~speceyes_graph.graph.options.LegacyOptions` says where each now lives):
-            ``max_agent_steps``, ``protocol``, ``speculator_as_judge``,
-            ``judge_max_tokens``, ``draft_max_tokens``, ``speculator_resize``,
-            ``speculation_depth``, ``speculator_tools``, ``speculator_prompts``,
-            ``speculator_step_tokens``.
     """
     setup = resolve_setup(
         speculator=speculator, agent=agent, judge=judge, tools=tools, mode=mode, gate=gate,
         speculation=speculation, loop=loop, prompts=prompts, resize=resize, limits=limits,
-        store=store, on_error=on_error, legacy=dict(legacy),
+        store=store, on_error=on_error,
     )  # fmt: skip
     kit, drafts = NodeKit(setup), StartedDrafts()
     fallback = AgentFallback(kit) if setup.has_fallback else None

@@ -11,10 +11,6 @@
 - ``limits``: deadlines, sizes, per-run ceilings (:class:`~speceyes_graph.settings.Limits`);
 - ``tools``, ``prompts``, ``resize``, ``store``, ``mode``, ``on_error``.
 
-The keywords of earlier releases are still accepted (:class:`LegacyOptions` lists each and
-where it now lives); one given beside its group sets that field of the group
-(``create_speceyes_graph(**DEMO_GRAPH_SETTINGS, max_agent_steps=2)``: 2 steps).
-
 :class:`GraphSetup` is everything resolved and checked: the defaults filled in, the
 protocol chosen, the modes the models allow. The graph's nodes are built from it.
 """
@@ -26,11 +22,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
-from typing_extensions import TypedDict
 
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store
 
@@ -49,7 +44,6 @@ log = logging.getLogger(__name__)
 __all__ = [
     "THYME_TAU",
     "GraphSetup",
-    "LegacyOptions",
     "SpeculationOptions",
     "Speculation",
     "ToolsSpec",
@@ -94,41 +88,6 @@ class SpeculationOptions:
             raise ValueError(
                 f"speculation must start 'parallel' or 'after_judge', got {self.start!r}"
             )
-
-
-class LegacyOptions(TypedDict, total=False):
-    """The keywords of earlier releases, each with the group field it now is."""
-
-    speculator_as_judge: bool  # judge="speculator" (wins over a judge model, as it did)
-    max_agent_steps: int | None  # loop=LoopOptions(max_steps=...)
-    protocol: Protocol | Literal["auto"]  # loop=LoopOptions(protocol=...)
-    judge_max_tokens: int | None  # speculation=SpeculationOptions(judge_max_tokens=...)
-    draft_max_tokens: int | None  # speculation=SpeculationOptions(draft_max_tokens=...)
-    speculator_resize: ResizeSpec | None  # speculation=SpeculationOptions(resize=...)
-    speculation_depth: int  # speculation=SpeculationOptions(depth=...)
-    speculator_tools: ToolsSpec | None  # speculation=SpeculationOptions(tools=...)
-    speculator_prompts: Prompts | None  # speculation=SpeculationOptions(prompts=...)
-    speculator_step_tokens: int | None  # speculation=SpeculationOptions(step_tokens=...)
-
-
-_Group = TypeVar("_Group", SpeculationOptions, LoopOptions)
-_LEGACY_LOOP = {"max_agent_steps": "max_steps", "protocol": "protocol"}
-_LEGACY_SPECULATION = {
-    "judge_max_tokens": "judge_max_tokens",
-    "draft_max_tokens": "draft_max_tokens",
-    "speculator_resize": "resize",
-    "speculation_depth": "depth",
-    "speculator_tools": "tools",
-    "speculator_prompts": "prompts",
-    "speculator_step_tokens": "step_tokens",
-}
-
-
-def _with_legacy(group: _Group, legacy: dict[str, Any], names: dict[str, str]) -> _Group:
-    """``group`` with the legacy keywords of ``names`` moved into their fields (a keyword
-    overrides what the group says: ``**DEMO_GRAPH_SETTINGS, max_agent_steps=2`` means 2)."""
-    changes = {new: legacy.pop(old) for old, new in names.items() if old in legacy}
-    return dataclasses.replace(group, **changes) if changes else group
 
 
 @dataclass(frozen=True)
@@ -224,25 +183,13 @@ class _Models:
         return self.agent is not None or self.agent_graph is not None
 
 
-def _resolve_groups(
+def _resolve_speculation(
     speculation: SpeculationOptions | Speculation | None,
-    loop: LoopOptions | None,
-    legacy: dict[str, Any],
-) -> tuple[SpeculationOptions, LoopOptions, bool]:
-    """The speculation and loop groups with the legacy keywords moved in, and whether the
-    legacy ``speculator_as_judge`` was given."""
-    legacy = dict(legacy)
-    unknown = sorted(set(legacy) - set(LegacyOptions.__annotations__))
-    if unknown:
-        raise TypeError(f"create_speceyes_graph() got unexpected keyword arguments {unknown}")
-    phases = (
-        speculation
-        if isinstance(speculation, SpeculationOptions)
-        else SpeculationOptions(start=speculation or "after_judge")
-    )
-    phases = _with_legacy(phases, legacy, _LEGACY_SPECULATION)
-    loop = _with_legacy(loop or LoopOptions(), legacy, _LEGACY_LOOP)
-    return phases, loop, bool(legacy.pop("speculator_as_judge", False))
+) -> SpeculationOptions:
+    """The speculation group, from just when the draft starts if that is all that is given."""
+    if isinstance(speculation, SpeculationOptions):
+        return speculation
+    return SpeculationOptions(start=speculation or "after_judge")
 
 
 def _resolve_models(
@@ -391,12 +338,9 @@ def resolve_setup(
     limits: Limits | None,
     store: ImageStore | None,
     on_error: OnError,
-    legacy: dict[str, Any],
 ) -> GraphSetup:
     """The arguments of :func:`~speceyes_graph.create_speceyes_graph`, resolved and checked."""
-    phases, loop, speculator_as_judge = _resolve_groups(speculation, loop, legacy)
-    if speculator_as_judge:  # it wins over judge=, as it always did
-        judge = "speculator"
+    phases, loop = _resolve_speculation(speculation), loop or LoopOptions()
     if mode not in _MODES:
         raise ValueError(f"unknown mode {mode!r}; use 'speceyes', 'agent', 'small' or 'specreason'")
     if on_error not in ("record", "raise"):
