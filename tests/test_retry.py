@@ -205,7 +205,7 @@ def test_a_run_killed_before_its_first_node_finishes_is_taken_over(scene, kind, 
     with pytest.raises(WorkerDied):
         graph.compile(checkpointer=saver).invoke(sent, config)
     assert [c.metadata["source"] for c in saver.list(config)] == ["input"]
-    assert bool(saver.writes) == writes_saved
+    assert any(saver.writes.values()) == writes_saved  # langgraph-checkpoint 2 leaves empty entries
     assert not leaks(saver_rows(saver)), describe(leaks(saver_rows(saver)))
     saver.dying = False
     again = graph.compile(checkpointer=saver).invoke(sent, config)

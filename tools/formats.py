@@ -403,7 +403,10 @@ def read_pixels(data: bytes, signature: Signature) -> np.ndarray | None:
     import cv2
 
     flags = cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR | cv2.IMREAD_IGNORE_ORIENTATION
-    arr = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+    try:
+        arr = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+    except cv2.error:  # OpenCV 4 raises for a codec built in but disabled (OpenEXR); 5 says None
+        return None
     if arr is None:
         return None
     if arr.ndim == 3 and arr.shape[2] == 4:

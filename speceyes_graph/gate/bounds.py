@@ -13,34 +13,13 @@ counts a gate sees (docs/calibration.md).
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 
 __all__ = ["count_upper_bound", "upper_bound"]
 
-
-@functools.lru_cache(maxsize=65536)
-def _clopper_pearson(errors: int, trials: int, delta: float) -> float:
-    if trials <= 0 or errors >= trials:
-        return 1.0
-    j = np.arange(errors + 1)
-    log_choose = (
-        math.lgamma(trials + 1) - np.array([math.lgamma(x + 1) for x in j])
-        - np.array([math.lgamma(trials - x + 1) for x in j])
-    )  # fmt: skip
-
-    def cdf(q: float) -> float:  # P(Binomial(trials, q) <= errors)
-        return float(np.exp(log_choose + j * math.log(q) + (trials - j) * math.log1p(-q)).sum())
-
-    lo, hi = errors / trials, 1.0
-    for _ in range(60):  # bisection to ~1e-18: the cdf falls as q rises
-        mid = (lo + hi) / 2
-        if mid >= 1.0 or cdf(mid) < delta:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+# scipy.stats is imported where it is used: it takes longer to import than this whole
+# package, and most processes that import the package never compute a bound.
 
 
 def upper_bound(errors: np.ndarray, trials: np.ndarray, delta: float) -> np.ndarray:
@@ -48,9 +27,32 @@ def upper_bound(errors: np.ndarray, trials: np.ndarray, delta: float) -> np.ndar
     share of errors, elementwise: the largest share under which seeing at most ``errors`` in
     ``trials`` has chance at least ``delta``; 1 where there are no trials. Conservative for
     a sample drawn without replacement from a finite set (a window's accepted drafts)."""
-    errors, trials = np.asarray(errors), np.asarray(trials)
+    from scipy.stats import beta
+
+    errors, trials = np.asarray(errors, dtype=float), np.asarray(trials, dtype=float)
+    certain = (trials <= 0) | (errors >= trials)
+    with np.errstate(invalid="ignore"):  # where certain, the quantile is not asked for
+        bound = beta.ppf(1 - delta, errors + 1, np.where(certain, 1, trials - errors))
+    return np.where(certain, 1.0, bound).reshape(errors.shape)
+
+
+def count_upper_bound(
+    errors: np.ndarray, sample: np.ndarray, population: np.ndarray, delta: float
+) -> np.ndarray:
+    """Exact one-sided upper confidence bounds at level ``delta`` on how many of a group of
+    ``population`` are errors, given ``errors`` of a uniform sample of ``sample`` drawn from
+    it without replacement, elementwise: the most errors under which seeing at most
+    ``errors`` has chance at least ``delta``. ``population`` where nothing was sampled;
+    exactly ``errors`` where everything was."""
+    errors, sample, population = (np.asarray(a) for a in (errors, sample, population))
+    if np.any(sample > population) or np.any(errors > sample):
+        raise ValueError("need errors <= sample <= population")
     return np.array(
-        [_clopper_pearson(int(k), int(n), float(delta)) for k, n in zip(errors, trials)]
+        [
+            _most_errors(int(k), int(n), int(p), float(delta))
+            for k, n, p in zip(errors.ravel(), sample.ravel(), population.ravel())
+        ],
+        dtype=float,
     ).reshape(errors.shape)
 
 
@@ -71,8 +73,13 @@ def _log_factorial(n: int) -> np.ndarray:
     return table
 
 
-@functools.lru_cache(maxsize=65536)
-def _hypergeometric(errors: int, sample: int, population: int, delta: float) -> int:
+@functools.lru_cache(maxsize=65536)  # a gate asks the same few again and again
+def _most_errors(errors: int, sample: int, population: int, delta: float) -> int:
+    """The hypergeometric test inverted: the chance of at most ``errors`` falls as the
+    group's errors rise, so the bound is the last count where it is still ``delta``.
+    SciPy has the test (``hypergeom.cdf``, the tests' reference) but no inverse in the
+    group's count; a search over it with SciPy's cdf took 1.7 ms a bound against 0.14 ms
+    for this one, and the online gate asks one for every candidate tau."""
     if sample <= 0:
         return population
     lf = _log_factorial(population)
@@ -96,23 +103,3 @@ def _hypergeometric(errors: int, sample: int, population: int, delta: float) -> 
         else:
             hi = mid - 1
     return lo
-
-
-def count_upper_bound(
-    errors: np.ndarray, sample: np.ndarray, population: np.ndarray, delta: float
-) -> np.ndarray:
-    """Exact one-sided upper confidence bounds at level ``delta`` on how many of a group of
-    ``population`` are errors, given ``errors`` of a uniform sample of ``sample`` drawn from
-    it without replacement, elementwise: the most errors under which seeing at most
-    ``errors`` has chance at least ``delta``. ``population`` where nothing was sampled;
-    exactly ``errors`` where everything was."""
-    errors, sample, population = (np.asarray(a) for a in (errors, sample, population))
-    if np.any(sample > population) or np.any(errors > sample):
-        raise ValueError("need errors <= sample <= population")
-    return np.array(
-        [
-            _hypergeometric(int(k), int(n), int(p), float(delta))
-            for k, n, p in zip(errors.ravel(), sample.ravel(), population.ravel())
-        ],
-        dtype=float,
-    ).reshape(errors.shape)

@@ -67,23 +67,9 @@ AGGREGATIONS = ("min", "mean", "bottom-q")
 
 def binomial_tail_pvalue(losses: int, n: int, eps: float) -> float:
     """P(Binomial(n, eps) <= losses): the exact p-value of H0 "risk > eps" given ``losses``."""
-    if n == 0:
-        return 1.0
-    if eps <= 0:
-        return 1.0 if losses >= 0 else 0.0
-    if eps >= 1:
-        return 1.0 if losses >= n else 0.0
-    log_p, log_q = math.log(eps), math.log1p(-eps)
-    terms = [
-        math.lgamma(n + 1)
-        - math.lgamma(j + 1)
-        - math.lgamma(n - j + 1)
-        + j * log_p
-        + (n - j) * log_q
-        for j in range(0, min(losses, n) + 1)
-    ]
-    top = max(terms)
-    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
+    from scipy.stats import binom  # where it is used: scipy.stats is slow to import
+
+    return float(binom.cdf(losses, n, min(max(eps, 0.0), 1.0)))
 
 
 def raw_draft_score(
