@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from langchain_core.callbacks import BaseCallbackHandler
 
-from speceyes_graph import create_speceyes_graph
+from speceyes_graph import SpeculationOptions, create_speceyes_graph
 from speceyes_graph.demo import DEMO_GRAPH_SETTINGS, demo_queries
 
 N = 60  # demo queries, a third of them needing the zoom tool
@@ -27,7 +27,7 @@ CONFIGURATIONS = {  # name: (mode, graph settings, how many of the queries)
     "small": ("small", {}, N),
     "specreason": ("specreason", {}, 20),
     "speceyes-parallel": ("speceyes", {"speculation": "parallel"}, N),
-    "speceyes-depth1": ("speceyes", {"speculation_depth": 1}, N),
+    "speceyes-depth1": ("speceyes", {"speculation": SpeculationOptions(depth=1)}, N),
 }
 _LOCAL_RUNS: dict = {}
 

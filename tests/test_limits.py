@@ -139,7 +139,7 @@ def test_a_pixel_bomb_is_refused_before_decoding(scene, tmp_path):
     for out in outs[:3]:
         assert "12000x12000 (144.0 MP); the limit is 64 MP" in out["error"]
     assert_good(outs, [3])
-    assert store.budget.peak <= price(scene)  # only the scene was decoded
+    assert store.cache.budget.peak <= price(scene)  # only the scene was decoded
 
 
 def test_decodes_in_flight_stay_within_the_memory_budget(tmp_path):
@@ -151,7 +151,8 @@ def test_decodes_in_flight_stay_within_the_memory_budget(tmp_path):
     store = ImageStore(max_decode_bytes=int(2.5 * one))
     outs, _ = batch(build(store=store), [{**GOOD, "images": [p]} for p in paths])
     assert_good(outs, range(8))
-    assert one <= store.budget.peak <= store.budget.limit and store.budget.in_use == 0
+    budget = store.cache.budget
+    assert one <= budget.peak <= budget.limit and budget.in_use == 0
 
 
 def test_a_long_question_is_refused_before_any_model_call(scene):

@@ -199,7 +199,7 @@ def test_every_tiff_orientation_decodes_as_pil_shows_it(tmp_path, orientation, c
     store = ImageStore()
     ours = store.get(path)
     assert np.array_equal(ours, expected)  # pixel for pixel: the same decoder, turned once
-    assert store.decodes == 1
+    assert store.cache.decodes == 1
     assert exif_orientation(open(path, "rb").read()) == orientation
 
 

@@ -110,7 +110,7 @@ def test_cache_follows_the_file_not_the_name(tmp_path):
     write_scene(path, colour=(30, 30, 220))  # rewritten under the same name
     os.utime(path, ns=(1, 1))  # even with an old modification time, the size/mtime pair changes
     assert tuple(store.get(str(path))[150, 150]) == (30, 30, 220)
-    assert store.decodes == 2
+    assert store.cache.decodes == 2
 
 
 def test_the_served_graph_is_strict(monkeypatch, tmp_path, scene):

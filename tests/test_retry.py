@@ -24,7 +24,7 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from helpers import deepeyes_agent, judge, speculator
-from speceyes_graph import create_speceyes_graph
+from speceyes_graph import SpeculationOptions, create_speceyes_graph
 from speceyes_graph.integrations.compose import create_speceyes_chat_graph
 from speceyes_tools import ImageStore
 from speceyes_tools.blobs import MemoryBlobs
@@ -36,7 +36,7 @@ SCENARIOS = {
     "agentic": ({}, "yes", 9.0, ["intake", "judge", "agent_loop"]),
     "agent-only": ({"mode": "agent"}, "no", 9.0, ["intake", "agent_loop"]),
     "depth-1": (
-        {"speculation_depth": 1},
+        {"speculation": SpeculationOptions(depth=1)},
         "yes",
         9.0,
         ["intake", "judge", "speculate_tools", "agent_loop"],

@@ -47,6 +47,36 @@ def test_a_model_view_evicted_from_the_blobs_is_rendered_again(tmp_path):
     assert data.startswith(b"\x89PNG") and store.model_view(a, ResizeSpec()) == key
 
 
+def test_an_images_decoded_and_processed_copies_share_one_bound(tmp_path, monkeypatch):
+    """The store's decoded pixels and a model's processed tensors are held under one bound
+    (the process's image memory): an image's two copies fit, two images' do not, so the
+    least recently used copies go, whichever cache holds them."""
+    import numpy as np
+    import torch
+
+    from speceyes_graph.models.image_cache import CachedImageProcessor, image_keys
+    from speceyes_tools import memory
+
+    decoded = 1280 * 720 * 3
+    processed = 4 * decoded  # float32
+    shared = memory.ImageMemory(decoded + processed + decoded // 2)
+    monkeypatch.setattr(memory, "_PROCESS_MEMORY", shared)
+    store = ImageStore()
+    processor = CachedImageProcessor(
+        lambda images, **kw: {"pixel_values": torch.from_numpy(np.stack(images)).float()}
+    )
+    paths = [write_scene(tmp_path / f"{i}.png", colour=(0, 0, 50 * i)) for i in range(2)]
+    for path in paths:
+        with image_keys([path]):
+            processor([store.get(path)], return_tensors="pt")
+        assert shared.nbytes <= shared.max_bytes
+    assert shared.nbytes == decoded + processed  # the second image's copies, both kept
+    assert store.has_decoded([paths[1]]) and not store.has_decoded([paths[0]])
+    with image_keys([paths[1]]):
+        processor([store.get(paths[1])], return_tensors="pt")
+    assert processor.hits == 1 and store.cache.decodes == 2
+
+
 def test_a_held_image_stays_until_its_last_release(scene):
     data = open(scene, "rb").read()
     one, two = put_bytes(data), put_bytes(data)  # two queries, one image

@@ -213,7 +213,7 @@ def test_the_chat_graph_follow_up_on_another_worker(storage, scene):
     second = chat(second_store).invoke({"messages": [HumanMessage(content="big?")]}, cfg)
     assert second["error"] is None and second["route"] == "speculative"
     assert [m.type for m in second["messages"]] == ["human", "ai", "human", "ai"]
-    assert second_store.decodes == 1  # it decoded the pasted image from the shared blobs
+    assert second_store.cache.decodes == 1  # it decoded the pasted image from the shared blobs
 
 
 @pytest.mark.postgres

@@ -117,9 +117,9 @@ def test_a_model_view_needs_no_decode(tmp_path):
     from speceyes_tools import ResizeSpec
 
     key = store.model_view(path, ResizeSpec(max_pixels=200 * 200))
-    decodes = store.decodes
+    decodes = store.cache.decodes
     view = store.get(key)
-    assert store.decodes == decodes  # the resized array was kept, not re-decoded from PNG
+    assert store.cache.decodes == decodes  # the resized array was kept, not re-decoded from PNG
     from speceyes_tools.images import decode_image
 
     assert np.array_equal(view, decode_image(store.read(key)))  # and it is what the PNG holds
@@ -335,9 +335,13 @@ def _three_ways(models: dict, inputs: list[dict], monkeypatch, **settings) -> li
     for speculation, refs in (("after_judge", True), ("parallel", True), ("after_judge", False)):
         monkeypatch.setattr(ChatTransformersVLM, "accepts_image_refs", refs)
         for m in models.values():
-            for cache in (m.processor.image_processor, m.hf_model.base_model.get_image_features):
-                cache.clear()
-                monkeypatch.setattr(cache, "max_bytes", (1 << 30) if refs else 0)
+            base = m.hf_model.base_model
+            processor, vision = m.processor.image_processor, base.get_image_features
+            processor.clear()
+            vision.clear()
+            if not refs:  # the caches taken out (put back when the test ends)
+                monkeypatch.setattr(m.processor, "image_processor", processor.inner)
+                monkeypatch.setattr(base, "get_image_features", vision.encode)
         graph = create_speceyes_graph(
             speculator=models["small"], agent=models["large"], speculation=speculation, **settings
         ).compile()
@@ -355,9 +359,9 @@ def test_results_are_bit_identical_on_the_demo_models(tmp_path, monkeypatch):
     models = demo_models(batch_size=1)
     queries = demo_queries(tmp_path, 8, seed=3)
     inputs = [{"question": q.question, "images": [q.image], "options": q.options} for q in queries]
+    vision = models["large"].hf_model.base_model.get_image_features
     after, parallel, old = _three_ways(models, inputs, monkeypatch, **DEMO_GRAPH_SETTINGS)
     assert {s[0] for s in after} >= {"speculative", "judged-agentic"}
-    vision = models["large"].hf_model.base_model.get_image_features
     assert vision.hits > 0  # the judge's image reused on the agent's turns
     assert parallel == after
     assert old == after

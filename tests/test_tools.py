@@ -266,18 +266,18 @@ def test_truncated_and_corrupt_files(tmp_path):
 def test_store_decodes_once_and_is_bounded(scene, tmp_path):
     store = ImageStore(max_bytes=1280 * 720 * 3 * 2)
     a = store.get(scene)
-    assert store.get(scene) is a and store.decodes == 1
+    assert store.get(scene) is a and store.cache.decodes == 1
     assert not a.flags.writeable
     store.model_view(scene, ResizeSpec())
     store.model_view(scene, ResizeSpec())
-    assert store.decodes == 1
+    assert store.cache.decodes == 1
     others = []
     for i in range(3):
         p = tmp_path / f"o{i}.png"
         Image.new("RGB", (1280, 720)).save(p)
         others.append(str(p))
         store.get(str(p))
-    assert store._bytes <= store.max_bytes  # LRU eviction keeps memory bounded
+    assert store.cache.memory.nbytes <= store.cache.memory.max_bytes  # LRU eviction bounds memory
 
 
 def test_graph_decodes_each_image_once_per_query(scene):
@@ -290,7 +290,7 @@ def test_graph_decodes_each_image_once_per_query(scene):
     out = g.invoke({"question": "colour?", "images": [scene]})
     assert out["route"] == "rejected-agentic" and len(out["agent_steps"]) == 2
     assert (
-        default_store().decodes == 1
+        default_store().cache.decodes == 1
     )  # judge, speculator, agent prompt and the zoom share one decode
 
 

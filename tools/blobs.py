@@ -29,10 +29,11 @@ import re
 import tempfile
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from cachetools import LRUCache
 
 __all__ = [
     "BLOB_SCHEME",
@@ -69,47 +70,38 @@ class BlobStore(Protocol):
 
 
 class MemoryBlobs:
-    """A thread-safe LRU of blobs bounded by total bytes (oldest-used evicted first)."""
+    """A thread-safe LRU of blobs bounded by total bytes (oldest-used evicted first). A blob
+    over the whole bound is kept alone, counted as the bound: a blob is the only copy of an
+    input or a crop, so the newest is never refused."""
 
     def __init__(self, max_bytes: int = 512 * 2**20):
         self.max_bytes = max_bytes
-        self._data: OrderedDict[str, bytes] = OrderedDict()
-        self._bytes = 0
+        bound = max(max_bytes, 1)  # a bound of 0 keeps the newest alone, as one over it does
+        self._data: LRUCache[str, bytes] = LRUCache(
+            bound, getsizeof=lambda data: min(len(data), bound)
+        )
         self._lock = threading.Lock()
 
     def put(self, key: str, data: bytes) -> None:
         _digest(key)  # the same keys as every other backend
         with self._lock:
-            if key in self._data:
-                self._data.move_to_end(key)
-                return
-            self._data[key] = data
-            self._bytes += len(data)
-            while self._bytes > self.max_bytes and len(self._data) > 1:
-                _, old = self._data.popitem(last=False)
-                self._bytes -= len(old)
+            self._data[key] = data  # already held: the same bytes, now the newest
 
     def get(self, key: str) -> bytes | None:
         with self._lock:
-            data = self._data.get(key)
-            if data is not None:
-                self._data.move_to_end(key)
-            return data
+            return self._data.get(key)
 
     def discard(self, key: str) -> None:
         with self._lock:
-            data = self._data.pop(key, None)
-            if data is not None:
-                self._bytes -= len(data)
+            self._data.pop(key, None)
 
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
-            self._bytes = 0
 
     @property
     def nbytes(self) -> int:
-        return self._bytes
+        return int(self._data.currsize)
 
     def __len__(self) -> int:
         return len(self._data)

@@ -5,7 +5,9 @@ images can be huge (8K is 100 MB of RGB). Decoding dominates the cost, so arrays
 memory is then the danger, so both what is kept and what is being decoded are bounded:
 
 - kept arrays live in an LRU bounded by bytes (the oldest go first; an array over the whole
-  bound is handed out but not kept), so a long run cannot grow without limit;
+  bound is handed out but not kept), so a long run cannot grow without limit; the bound is
+  an :class:`~speceyes_tools.memory.ImageMemory`'s, shared with the other host-memory
+  copies of images (a model's processed images), so that one image's copies have one bound;
 - concurrent requests for one key wait for a single decode instead of each decoding it;
 - a decode is priced from the header (:func:`~speceyes_tools.codec.read_header`) before any
   pixel is allocated, refused over a pixel cap, and waits for room in a byte budget, so a
@@ -22,7 +24,6 @@ share one memory bound.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from .codec import decode_image, read_header
 from .deadlines import EarliestDeadlineFirst, time_left
+from .memory import ImageMemory
 from .sources import ImageLoadError, redact
 
 __all__ = ["DecodeBudget", "DecodeCache"]
@@ -73,37 +75,37 @@ class DecodeCache:
     """Key -> read-only RGB array: an LRU bounded by bytes over single-flight, budgeted decodes.
 
     Args:
-        max_bytes: arrays kept (LRU); 0 keeps none (every :meth:`get` decodes).
+        memory: where arrays are kept (an LRU bounded by bytes, shared with other caches of
+            image data); one of 0 bytes keeps none (every :meth:`get` decodes).
         max_decode_bytes: decodes in flight at once, in bytes (file plus pixels); more wait.
         work: the gate decodes run under, shared with the owner's resizes and encodes so that
             one earliest-deadline-first order covers all CPU work on images.
     """
 
     def __init__(
-        self, max_bytes: int, *, max_decode_bytes: int, work: EarliestDeadlineFirst
+        self, memory: ImageMemory, *, max_decode_bytes: int, work: EarliestDeadlineFirst
     ) -> None:
-        self.max_bytes = max_bytes
+        self.memory = memory
         self.budget = DecodeBudget(max_decode_bytes)
         self.decodes = 0  # how many times an image was actually decoded (tests, benchmarks)
-        self.nbytes = 0  # bytes of the arrays kept
         self._work = work
-        self._arrays: OrderedDict[Any, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
+        self._arrays = memory.part(lambda arr: int(arr.nbytes))
+        self._lock = threading.Lock()  # guards the two below; the arrays have the memory's
         self._loading: dict[Any, threading.Lock] = {}
 
     def get(self, key: Any, load: Callable[[], bytes], ref: str, max_pixels: int) -> np.ndarray:
         """The array under ``key``, decoding ``load()`` (named ``ref`` in errors, redacted)
         on a miss. ``load`` runs inside the work gate, so reading a file or waiting on a
         blob counts as the decode's work and is skipped entirely on a hit."""
+        arr: np.ndarray | None = self._arrays.get(key)
+        if arr is not None:
+            return arr
         with self._lock:
-            if key in self._arrays:
-                self._arrays.move_to_end(key)
-                return self._arrays[key]
             gate = self._loading.setdefault(key, threading.Lock())
         with gate:  # concurrent requests for one image wait for a single decode
-            with self._lock:
-                if key in self._arrays:
-                    return self._arrays[key]
+            arr = self._arrays.get(key)
+            if arr is not None:
+                return arr
             try:
                 with self._work("image decode"):
                     arr = self.decode(load(), redact(ref), max_pixels)
@@ -131,41 +133,30 @@ class DecodeCache:
             self.budget.release(need)
 
     def keep(self, key: Any, arr: np.ndarray) -> np.ndarray:
-        """Hold ``arr`` under ``key`` (frozen, evicting the oldest to fit) and return it. A
-        key already held keeps its first array, so every reader shares one copy."""
+        """Hold ``arr`` under ``key`` (frozen, evicting the least recently used to fit) and
+        return it. A key already held keeps its first array, so every reader shares one copy."""
         arr.setflags(write=False)  # shared between threads: nobody may write into it
-        with self._lock:
-            if key not in self._arrays and arr.nbytes <= self.max_bytes:
-                self._arrays[key] = arr
-                self.nbytes += arr.nbytes
-                while self.nbytes > self.max_bytes and len(self._arrays) > 1:
-                    _, old = self._arrays.popitem(last=False)
-                    self.nbytes -= old.nbytes
+        self._arrays.put(key, arr)
         return arr
 
     def peek(self, key: Any) -> np.ndarray | None:
-        """The array if held, without decoding or counting as a use (no LRU move)."""
-        with self._lock:
-            return self._arrays.get(key)
+        """The array if held, without decoding it."""
+        arr: np.ndarray | None = self._arrays.get(key)
+        return arr
 
     def __contains__(self, key: Any) -> bool:
-        with self._lock:
-            return key in self._arrays
+        return key in self._arrays
 
     def holds_all(self, keys: Iterable[Any]) -> bool:
         """Whether every key is held, checked at one instant."""
-        with self._lock:
-            return all(key in self._arrays for key in keys)
+        return self._arrays.holds_all(keys)
 
     def forget(self, matches: Callable[[Any], bool]) -> None:
         """Drop every array whose key ``matches`` (the owner knows what its keys mean)."""
-        with self._lock:
-            for key in [k for k in self._arrays if matches(k)]:
-                self.nbytes -= self._arrays.pop(key).nbytes
+        self._arrays.forget(matches)
 
     def clear(self) -> None:
         """Drop every array and reset :attr:`decodes`."""
+        self._arrays.clear()
         with self._lock:
-            self._arrays.clear()
-            self.nbytes = 0
             self.decodes = 0

@@ -13,9 +13,11 @@ therefore stores a few dozen bytes per image.
 - :meth:`~ImageStore.get` names the image by content (blob keys) or by (path, size, mtime)
   for files, so a file rewritten under the same name is read again, and hands the key to
   its :class:`~speceyes_tools.decode_cache.DecodeCache`, which decodes once, keeps arrays in
-  an LRU bounded by bytes and meters decodes against a pixel cap and a memory budget; the
-  decode itself (:mod:`speceyes_tools.codec`) is the one rule every path shares: first
-  frame, upright, 8-bit RGB;
+  an LRU bounded by bytes (by default the process's
+  :func:`~speceyes_tools.memory.image_memory`, shared with local models' processed images)
+  and meters decodes against a pixel cap and a memory budget; the decode itself
+  (:mod:`speceyes_tools.codec`) is the one rule every path shares: first frame, upright,
+  8-bit RGB;
 - :meth:`~ImageStore.model_view` gives the blob key of the image as a model sees it (smart
   resize), which messages in state carry and which is turned into bytes only when a model
   is called (:meth:`~ImageStore.base64`).
@@ -36,13 +38,13 @@ import functools
 import hashlib
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, cast
 
 import numpy as np
+from cachetools import FIFOCache, LRUCache
 
 from .blobs import BLOB_SCHEME, BlobStore, MemoryBlobs, blob_key, is_blob_key
 from .codec import (
@@ -56,8 +58,9 @@ from .codec import (
     upright,
 )
 from .deadlines import EarliestDeadlineFirst, cpu_work
-from .decode_cache import DecodeBudget, DecodeCache
+from .decode_cache import DecodeCache
 from .frames import ResizeSpec, smart_resize
+from .memory import ImageMemory, image_memory
 from .sources import (
     FileInfo,
     ImageLoadError,
@@ -145,8 +148,10 @@ class ImageStore:
     :attr:`cache`) decoded arrays under a memory bound.
 
     Args:
-        max_bytes: decoded arrays kept (LRU); at 8K (100 MB RGB) the default 1 GiB keeps
-            about ten queries' images alive, enough for a batch in flight.
+        max_bytes: decoded arrays kept (LRU), views' pixels included. None (the default):
+            the process's :func:`~speceyes_tools.memory.image_memory` (2 GiB), shared with
+            local models' processed images, so that all host copies of an image have one
+            bound; a number: a bound of this store's own.
         policy: which references are opened (:class:`ImagePolicy`; default: local use).
         blobs: where blob bytes live (default: :class:`~speceyes_tools.blobs.MemoryBlobs`,
             512 MiB); use :class:`~speceyes_tools.blobs.DirectoryBlobs` for servers.
@@ -157,9 +162,11 @@ class ImageStore:
             queries are ready first.
     """
 
+    max_views = 4096  # views, and resolved file references, remembered
+
     def __init__(
         self,
-        max_bytes: int = 1 << 30,
+        max_bytes: int | None = None,
         *,
         policy: ImagePolicy | None = None,
         blobs: BlobStore | None = None,
@@ -170,54 +177,19 @@ class ImageStore:
         self.blobs: BlobStore = blobs if blobs is not None else MemoryBlobs()
         self._work = EarliestDeadlineFirst(workers) if workers else cpu_work()
         # originals under their source keys, views under their blob keys: one memory bound
-        self.cache = DecodeCache(max_bytes, max_decode_bytes=max_decode_bytes, work=self._work)
+        memory = image_memory() if max_bytes is None else ImageMemory(max_bytes)
+        self.cache = DecodeCache(memory, max_decode_bytes=max_decode_bytes, work=self._work)
         # views are encoded on demand when nothing outside this process can read the blobs
         self.lazy_views = isinstance(self.blobs, MemoryBlobs)
         self._lock = threading.Lock()  # guards the tables below; the cache has its own
-        # (source key, resize) -> blob key
-        self._views: OrderedDict[tuple[Any, ResizeSpec | None], str] = OrderedDict()
-        # view key -> how to render it: (reference, resize, source key)
-        self._derived: OrderedDict[str, tuple[str, ResizeSpec | None, Any]] = OrderedDict()
-        self._real_paths: OrderedDict[str, str] = OrderedDict()  # file reference -> resolved
-        self.max_views = 4096
+        # (source key, resize) -> blob key, and the view key -> how to render it: (reference,
+        # resize, source key); a view used is kept in both
+        self._views: LRUCache[tuple[Any, ResizeSpec | None], str] = LRUCache(self.max_views)
+        self._derived: LRUCache[str, tuple[str, ResizeSpec | None, Any]] = LRUCache(self.max_views)
+        # file reference -> resolved: first in, first out, so a resolution is redone in time
+        self._real_paths: FIFOCache[str, str] = FIFOCache(self.max_views)
         # blob key -> its background write (put(background=True)); gone once it succeeded
         self._writing: dict[str, Future[None]] = {}
-
-    # The cache's knobs and counters under the store's old names: callers tune and read them
-    # on the store, and must see the cache's live values.
-
-    @property
-    def max_bytes(self) -> int:
-        """Bytes of decoded arrays kept; views' pixels count too, so one bound covers all
-        the pixels a store holds."""
-        return self.cache.max_bytes
-
-    @max_bytes.setter
-    def max_bytes(self, value: int) -> None:
-        self.cache.max_bytes = value
-
-    @property
-    def budget(self) -> DecodeBudget:
-        """Decodes in flight, in bytes (``limit``, ``in_use``, ``peak``): what tests and
-        benchmarks read to see how far decodes overlapped."""
-        return self.cache.budget
-
-    @budget.setter
-    def budget(self, value: DecodeBudget) -> None:
-        self.cache.budget = value
-
-    @property
-    def decodes(self) -> int:
-        """How many times an image was actually decoded (tests, benchmarks)."""
-        return self.cache.decodes
-
-    @decodes.setter
-    def decodes(self, value: int) -> None:
-        self.cache.decodes = value
-
-    @property
-    def _bytes(self) -> int:  # the old private name, read by tests
-        return self.cache.nbytes
 
     # --- references ----------------------------------------------------------------------
 
@@ -277,8 +249,6 @@ class ImageStore:
             info = resolve_file(ref, self.policy)
             with self._lock:
                 self._real_paths[ref] = self._real_paths[info.path] = info.path
-                while len(self._real_paths) > self.max_views:
-                    self._real_paths.popitem(last=False)
             return info
         return stat_file(real, self.policy, ref)
 
@@ -376,7 +346,7 @@ class ImageStore:
         with self._lock:
             key = self._views.get((source, resize))
             if key is not None:
-                self._views.move_to_end((source, resize))
+                self._derived.get(key)  # used: kept as long as the view
                 return key
         return self._render_view(ref, resize, source)
 
@@ -421,9 +391,6 @@ class ImageStore:
         with self._lock:
             self._views[(source, resize)] = key
             self._derived[key] = (ref, resize, source)
-            for table in (self._views, self._derived):
-                while len(table) > self.max_views:
-                    table.popitem(last=False)
         return key
 
     def base64(self, key: str) -> tuple[str, str]:

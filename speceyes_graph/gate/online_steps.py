@@ -30,11 +30,11 @@ import json
 import logging
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from cachetools import FIFOCache
 from langgraph.store.base import BaseStore
 
 from ..answers import answers_agree
@@ -73,15 +73,12 @@ class OpenDecisions:
     not grow a worker's memory), each taken once."""
 
     def __init__(self, most: int = 10_000) -> None:
-        self.most = most
-        self._items: OrderedDict[str, _Open] = OrderedDict()
+        self._items: FIFOCache[str, _Open] = FIFOCache(most)
         self._lock = threading.Lock()
 
     def put(self, key: str, entry: _Open) -> None:
         with self._lock:
             self._items[key] = entry
-            while len(self._items) > self.most:
-                self._items.popitem(last=False)
 
     def get(self, key: str) -> _Open | None:
         with self._lock:

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
+
+from cachetools import FIFOCache
 
 __all__ = ["RollingControl"]
 
@@ -68,8 +69,7 @@ class RollingControl:
         self.position = float(self.index_of(start))
         self.losses = 0.0  # the weighted losses it has seen, and over how many queries
         self.queries = 0
-        self._seen: OrderedDict[str, bool] = OrderedDict()  # key -> its loss applied yet
-        self._memory = memory
+        self._seen: FIFOCache[str, bool] = FIFOCache(memory)  # key -> its loss applied yet
         self._lock = threading.Lock()
 
     def index_of(self, tau: float) -> int:
@@ -92,8 +92,6 @@ class RollingControl:
                 self.queries += 1
                 self._move(self.max_risk)
                 done = self._seen[key] = False
-                if len(self._seen) > self._memory:
-                    self._seen.popitem(last=False)
             if accepted and disagrees is not None and not done:
                 loss = 1.0 / chance if disagrees else 0.0
                 self.losses += loss

@@ -35,13 +35,14 @@ speculated on; ``max_agent_steps`` is the agent's own business (LangChain's
 from __future__ import annotations
 
 import functools
+import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple, cast
 
+from cachetools import FIFOCache
 from langchain.agents.middleware import (
     AgentMiddleware,
     AgentState,
@@ -281,7 +282,8 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         # again (nor judge with the fallback model); bounded (a turn interrupted for good
         # never comes back for it). An online gate keeps a rejected draft's text until the
         # agent's answer labels it in OnlineSteps, likewise: no checkpoint holds it
-        self._turns: OrderedDict[str, _Outcome] = OrderedDict()
+        self._turns: FIFOCache[str, _Outcome] = FIFOCache(10_000)
+        self._turns_lock = threading.Lock()  # cachetools' caches are not thread-safe
         self.speculator = phases.internal(speculator, "speculator")
         self.judge = judge
         self.online = gate if isinstance(gate, OnlineGate) else None
@@ -417,11 +419,13 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
     def _seen(self, request: ModelRequest) -> tuple[str | None, Any]:
         """(the turn's id, its outcome if this turn was speculated on already)."""
         turn_id = request.messages[-1].id
-        return turn_id, self._turns.get(turn_id) if turn_id else None
+        with self._turns_lock:
+            return turn_id, self._turns.get(turn_id) if turn_id else None
 
     def _remember(self, turn_id: str | None, outcome: _Outcome) -> _Outcome:
         if turn_id:
-            _keep(self._turns, turn_id, outcome)
+            with self._turns_lock:
+                self._turns[turn_id] = outcome
         return outcome
 
     def wrap_model_call(
@@ -522,11 +526,3 @@ def _without_text(draft: Draft) -> Draft:
     per-step texts included), its scores and the gate's evidence kept."""
     kept = {k: v for k, v in draft.items() if k not in ("text", "tokens", "steps")}
     return cast(Draft, kept)
-
-
-def _keep(memory: OrderedDict[str, Any], key: str, value: Any, most: int = 10_000) -> None:
-    """Remember ``value`` for a turn, forgetting the oldest past ``most`` (a turn that never
-    comes back for it must not grow a worker's memory)."""
-    memory[key] = value
-    while len(memory) > most:
-        memory.popitem(last=False)

@@ -49,6 +49,7 @@ from speceyes_tools.deadlines import (
 )
 from speceyes_tools.geometry import Coordinates
 from speceyes_tools.images import ResizeSpec
+from speceyes_tools.memory import ImageMemory
 
 from .._compat import StreamsWhenAsked  # only an explicit stream() streams
 from .batching import BatchScheduler
@@ -156,10 +157,12 @@ class ChatTransformersVLM(StreamsWhenAsked, BaseChatModel):
         description="Vision-tower outputs kept for reuse, per image (exact; on the model's "
         "device); 0: none.",
     )
-    image_cache_bytes: int = Field(
-        default=1 << 30,
+    image_cache_bytes: int | None = Field(
+        default=None,
         ge=0,
-        description="Processed images kept for reuse (judge, then each agent turn); 0: none.",
+        description="Processed images kept for reuse (judge, then each agent turn), in host "
+        "memory; None: under one 2 GiB bound with decoded images (speceyes_tools.memory); "
+        "a number: a bound of their own; 0: none.",
     )
     processor_kwargs: dict[str, Any] = Field(default_factory=dict)
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -233,10 +236,12 @@ class ChatTransformersVLM(StreamsWhenAsked, BaseChatModel):
         # generation needs left padding; many checkpoints save "right"
         self._processor.tokenizer.padding_side = "left"
         images = getattr(self._processor, "image_processor", None)
-        if self.image_cache_bytes and images is not None:
+        if self.image_cache_bytes != 0 and images is not None:
             if isinstance(images, CachedImageProcessor):
                 images = images.inner
-            self._processor.image_processor = CachedImageProcessor(images, self.image_cache_bytes)
+            own = self.image_cache_bytes  # None: the process's image memory
+            memory = ImageMemory(own) if own else None
+            self._processor.image_processor = CachedImageProcessor(images, memory)
         base: Any = getattr(self._hf_model, "base_model", None)
         if self.vision_cache_bytes and callable(getattr(base, "get_image_features", None)):
             encode = base.get_image_features

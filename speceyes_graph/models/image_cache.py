@@ -14,6 +14,11 @@ LLaVA-NeXT, LLaVA-OneVision: checked once per processor settings on two syntheti
 the images of a call are processed and kept one by one; otherwise (Idefics3 groups an
 image's tiles per prompt) the whole call's output is kept, keyed by all its images
 (``tests/test_families.py`` checks both give the processor's own result).
+
+Processed images are kept in host memory, by default in the process's
+:func:`~speceyes_tools.memory.image_memory`: one LRU and one bound with the store's decoded
+pixels, so an image's copies never add up past it. The vision tower's outputs live on the
+model's device, a memory of their own (``speceyes_tools.memory`` says why).
 """
 
 from __future__ import annotations
@@ -22,11 +27,11 @@ import contextvars
 import functools
 import inspect
 import itertools
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+from speceyes_tools.memory import ImageMemory, image_memory
 
 from .collate import pad_cat
 
@@ -49,40 +54,6 @@ def _naming(var: contextvars.ContextVar, keys: Sequence[str | None]) -> Iterator
 def image_keys(keys: Sequence[str | None]) -> Any:
     """Name the images of the processor call made inside the block (None: no name)."""
     return _naming(_KEYS, keys)
-
-
-class _BytesLRU:
-    """Values kept by key, least recently used dropped first, bounded by total bytes."""
-
-    def __init__(self, max_bytes: int, size: Any):
-        self.max_bytes = max_bytes
-        self.size = size
-        self._items: OrderedDict[Any, Any] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: Any) -> Any:
-        with self._lock:
-            value = self._items.get(key)
-            if value is not None:
-                self._items.move_to_end(key)
-            return value
-
-    def put(self, key: Any, value: Any) -> None:
-        size = self.size(value)
-        with self._lock:
-            if key in self._items or size > self.max_bytes:
-                return
-            self._items[key] = value
-            self._bytes += size
-            while self._bytes > self.max_bytes and len(self._items) > 1:
-                _, old = self._items.popitem(last=False)
-                self._bytes -= self.size(old)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self._bytes = 0
 
 
 _PROBES = ((48, 64), (96, 40))  # (height, width) of the layout probe's two images
@@ -117,29 +88,26 @@ def _flat(images: Any) -> list:
 
 
 class _CountedCache:
-    """A byte-bounded LRU with hit and miss counts; ``max_bytes`` can be changed live."""
+    """Outputs kept in a part of an :class:`~speceyes_tools.memory.ImageMemory` (an LRU
+    bounded by bytes), with hit and miss counts."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, memory: ImageMemory):
         self.hits = 0
         self.misses = 0
-        self._cache = _BytesLRU(max_bytes, _nbytes)
+        self._cache = memory.part(_nbytes)
 
-    @property
-    def max_bytes(self) -> int:
-        return self._cache.max_bytes
-
-    @max_bytes.setter
-    def max_bytes(self, value: int) -> None:
-        self._cache.max_bytes = value
+    def clear(self) -> None:
+        self._cache.clear()
 
 
 class CachedImageProcessor(_CountedCache):
-    """An image processor whose per-image outputs are kept (LRU, bounded by bytes)."""
+    """An image processor whose per-image outputs are kept (LRU, bounded by bytes: by
+    default :func:`~speceyes_tools.memory.image_memory`'s, shared with decoded pixels)."""
 
-    def __init__(self, inner: Any, max_bytes: int = 1 << 30):
+    def __init__(self, inner: Any, memory: ImageMemory | None = None):
         self.inner = inner
         self._layouts: dict[str, bool] = {}  # settings -> whether per-image outputs join
-        super().__init__(max_bytes)
+        super().__init__(image_memory() if memory is None else memory)
 
     def __getattr__(self, name: str) -> Any:  # everything else is the wrapped processor's
         if name in ("inner", "_cache", "_layouts"):
@@ -206,9 +174,6 @@ class CachedImageProcessor(_CountedCache):
         self._cache.put(key, out)
         return out
 
-    def clear(self) -> None:
-        self._cache.clear()
-
 
 # --- the vision tower's output --------------------------------------------------------------
 
@@ -247,7 +212,7 @@ class CachedVisionEncoder(_CountedCache):
         self.encode = encode
         self.merge_size = merge_size
         self._signature = inspect.signature(encode)
-        super().__init__(max_bytes)
+        super().__init__(ImageMemory(max_bytes))  # device memory: a bound of its own
         functools.update_wrapper(self, encode)  # generate inspects the signature
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -323,9 +288,6 @@ class CachedVisionEncoder(_CountedCache):
             if name != "__class__"
         }
         return template(**fields)
-
-    def clear(self) -> None:
-        self._cache.clear()
 
 
 _WHOLE = object()  # an output field not split by image

@@ -103,8 +103,8 @@ def openai_models(
     probe: bool = True,
     default_frame: bool = False,
 ) -> dict[str, Any]:
-    """``{"speculator", "agent", "resize", "speculator_resize"}`` for
-    ``create_speceyes_graph(**openai_models(...))``.
+    """``{"speculator", "agent", "resize"}`` for ``create_speceyes_graph(**openai_models(...))``
+    (the speculator's frame is its ``resize_spec``, which the graph reads).
 
     The agent also judges (phase I), as in the paper; the graph asks the judge for 10
     tokens and the speculator for 20 per call. Images are sent in the frame of each server's
@@ -132,7 +132,6 @@ def openai_models(
     )
     return {
         "resize": agent.resize_spec,
-        "speculator_resize": speculator.resize_spec,
         "speculator": speculator,
         "agent": agent,
     }
