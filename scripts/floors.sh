@@ -49,7 +49,7 @@ fi
 from importlib.metadata import version
 
 names = ("langgraph", "langgraph-prebuilt", "langchain", "langchain-core", "transformers",
-         "pillow", "opencv-python-headless", "numpy")
+         "pillow", "opencv-python-headless", "numpy", "scipy", "cachetools", "imagesize")
 print("floors: resolved " + ", ".join(f"{n} {version(n)}" for n in names))
 EOF
 

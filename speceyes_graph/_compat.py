@@ -112,8 +112,9 @@ class StreamsWhenAsked:
 
 def cache_content_block_types() -> None:
     """Every chat-model call formats its messages for tracing, and langchain-core asks, for
-    each image block, ``typing.get_type_hints`` of its data-block types anew (about 0.7 ms a
-    call, a tenth of the graph's host time when models answer at once). The types are fixed
+    each image block, ``typing.get_type_hints`` of its data-block types anew (a real share
+    of the graph's host time when models answer at once: docs/throughput.md, measured by
+    ``scripts/bench_internals.py``). The types are fixed
     when langchain-core is imported, so the answer is computed once: the one change this
     package makes to a dependency's objects, applied on import. A langchain-core that caches
     it itself (as ``langchain`` did for its own type resolution, langchain-ai/langchain#36649),

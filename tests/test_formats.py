@@ -155,3 +155,71 @@ def test_corrupt_files_of_known_formats_say_so(tmp_path, readable):
         load_image(_write(tmp_path / "bad.hdr", b"#?RADIANCE\n\n-Y 32 +X 48\n" + bytes(10)))
     with pytest.raises(ImageLoadError, match=r"corrupt or truncated \(or not an image\)"):
         load_image(_write(tmp_path / "noise.bin", bytes(range(256)) * 4))
+
+
+def _encoded(ext: str, rgb: np.ndarray) -> bytes:
+    ok, encoded = cv2.imencode(ext, _bgr(rgb))
+    assert ok, ext
+    return encoded.tobytes()
+
+
+def _pillow(fmt: str, size: tuple[int, int], **options) -> bytes:
+    from io import BytesIO
+
+    from PIL import Image
+
+    out = BytesIO()
+    Image.new("L" if fmt == "GIF" else "RGB", size).save(out, fmt, **options)
+    return out.getvalue()
+
+
+def test_headers_declare_the_size_their_encoder_wrote():
+    """Every format whose header declares a size gives it, from files real encoders wrote:
+    imagesize's (PNG ... JPEG 2000, Netpbm) and ours (GIF, the formats only we name)."""
+    from speceyes_tools.formats import declared_size
+
+    eight = (np.random.default_rng(0).random((37, 53, 3)) * 255).astype(np.uint8)
+    files = {ext: _encoded(ext, eight) for ext in (".png", ".jpg", ".bmp", ".webp", ".tif")}
+    files |= {ext: _encoded(ext, eight) for ext in (".avif", ".jp2", ".ppm")}
+    files |= {ext: _encoded(ext, (eight / 255.0).astype(np.float32)) for ext in (".hdr", ".pfm")}
+    files["BigTIFF"] = _pillow("TIFF", (53, 37), big_tiff=True)
+    files["lossless WebP"] = _pillow("WEBP", (53, 37), lossless=True)
+    files["progressive JPEG"] = _pillow("JPEG", (53, 37), progressive=True)
+    for name, data in files.items():
+        assert declared_size(data) == (53, 37), name
+    for name in ("scanner-12bit.jpg", "medical.jls", "render.exr"):
+        assert declared_size((FIXTURES / name).read_bytes()) == (48, 32), name
+    # a GIF side past 32767 (imagesize 2.0 reads GIF's unsigned sides as signed)
+    assert declared_size(_pillow("GIF", (40000, 3))) == (40000, 3)
+
+
+def test_a_crafted_header_is_walked_a_bounded_number_of_reads(monkeypatch):
+    """imagesize walks a JPEG marker by marker to the end of the file: a file of empty
+    segments is refused after the bound, not walked (seconds, for 64 MB)."""
+    from speceyes_tools import formats
+
+    reads = 0
+    read = formats._HeaderReads.read
+
+    def counted(self, size=-1):
+        nonlocal reads
+        reads += 1
+        return read(self, size)
+
+    monkeypatch.setattr(formats._HeaderReads, "read", counted)
+    crafted = b"\xff\xd8" + b"\xff\xfe\x00\x02" * (1 << 20)  # 4 MB of empty comments
+    assert formats.declared_size(crafted) is None
+    assert reads < 10_000  # unbounded, the walk reads each of the million segments
+
+
+def test_an_avif_under_a_heif_major_brand_is_named_avif():
+    """An AVIF whose ftyp names ``mif1`` first and lists ``avif`` is AVIF (OpenCV reads it),
+    not a HEIF needing pillow-heif."""
+    from speceyes_tools.formats import identify
+
+    data = bytearray(_encoded(".avif", np.full((40, 60, 3), 90, np.uint8)))
+    assert data[8:12] == b"avif" and b"mif1" in data[16:32]
+    data[8:12] = b"mif1"
+    signature = identify(bytes(data))
+    assert signature is not None
+    assert (signature.format, signature.reader, signature.size) == ("AVIF", "opencv", (60, 40))

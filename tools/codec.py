@@ -343,9 +343,8 @@ def exif_orientation(source: bytes | BinaryIO) -> int:
 def upright(arr: np.ndarray, orientation: int) -> np.ndarray:
     """The pixels as viewers show them: ``arr`` (as stored) turned by its orientation.
 
-    8-bit images turn in OpenCV (a vectorised copy: 0.3 ms for 800x600, where numpy's
-    strided copy of a quarter turn takes 4 ms, as long as decoding the PNG); anything else
-    in numpy."""
+    8-bit images turn in OpenCV (a vectorised copy; numpy's strided copy of a quarter turn
+    costs a good share of decoding the PNG: docs/throughput.md); anything else in numpy."""
     turn = _UPRIGHT.get(orientation)
     if turn is None:
         return arr

@@ -7,9 +7,15 @@ recognised by its signature, so that a refusal names the format and what would r
 the formats OpenCV reads (Radiance HDR, PFM, float TIFF, AVIF, ... as this host's OpenCV was
 built) are read.
 
-The header's declared size is parsed too, without decoding: a file over the store's pixel
-limit is refused with the limit's message whatever reads it (a 289 MP AVIF that libavif
-refuses on its own terms, or a PNG past Pillow's decompression-bomb check).
+The header's declared size is read too, without decoding (by :mod:`imagesize` for the
+common formats, by us for the rest): a file over the store's pixel limit is refused with the
+limit's message whatever reads it (a 289 MP AVIF that libavif refuses on its own terms, or a
+PNG past Pillow's decompression-bomb check).
+
+Signatures stay ours: where ``filetype`` 1.2 knows one of these formats its test is the same
+one-line byte test, and it knows fewer (no farbfeld, Radiance, PFM, OpenEXR, JPEG XL, SVG,
+BPG or KTX, no BigTIFF, HEIF under the ``heic`` brand only) or says less (JPEG for a 12-bit
+or JPEG-LS file, gzip for SVGZ, PSD for PSB).
 
 Samples are made 8-bit RGB by the codec's rule (:mod:`speceyes_tools.codec`): wide integers
 by their high byte, floats as 0.0-1.0 — except scene-linear formats (Radiance HDR, OpenEXR),
@@ -18,12 +24,14 @@ which are shown as viewers show them, through the sRGB transfer curve.
 
 from __future__ import annotations
 
+import io
 import re
 import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import imagesize
 import numpy as np
 from PIL import features
 
@@ -94,46 +102,6 @@ def _exr_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def _tiff_size(data: bytes) -> tuple[int, int] | None:
-    """ImageWidth and ImageLength of the first IFD (classic TIFF and BigTIFF)."""
-    order = "<" if data[:2] == b"II" else ">"
-    big = struct.unpack(order + "H", data[2:4])[0] == 43
-    try:
-        if big:
-            ifd = struct.unpack(order + "Q", data[8:16])[0]
-            count = struct.unpack(order + "Q", data[ifd : ifd + 8])[0]
-            entry, first, width = 20, ifd + 8, 8
-        else:
-            ifd = struct.unpack(order + "I", data[4:8])[0]
-            count = struct.unpack(order + "H", data[ifd : ifd + 2])[0]
-            entry, first, width = 12, ifd + 2, 4
-        found: dict[int, int] = {}
-        for i in range(min(count, 512)):
-            at = first + i * entry
-            tag, kind = struct.unpack(order + "HH", data[at : at + 4])
-            if tag in (256, 257):
-                value = data[at + 4 + width : at + 4 + 2 * width]
-                fmt = {3: "H", 4: "I", 16: "Q"}.get(kind)
-                if fmt is None:
-                    return None
-                found[tag] = struct.unpack(order + fmt, value[: struct.calcsize(fmt)])[0]
-        return _pair(found.get(256), found.get(257))
-    except struct.error:
-        return None
-
-
-def _isobmff_size(data: bytes) -> tuple[int, int] | None:
-    """The largest ``ispe`` (image spatial extents) in a HEIF/AVIF: the primary image or
-    its tiles' canvas, never undercounted."""
-    best = None
-    for m in re.finditer(rb"ispe", data[:_SCAN]):
-        w, h = _u32(data, m.end() + 4), _u32(data, m.end() + 8)
-        size = _pair(w, h)
-        if size and (best is None or size[0] * size[1] > best[0] * best[1]):
-            best = size
-    return best
-
-
 def _jpeg_frame(data: bytes) -> tuple[int, int, int, int] | None:
     """(marker, precision, height, width) of the first frame header, walking the segments."""
     pos = 2
@@ -160,43 +128,63 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
     return _pair(frame[3], frame[2]) if frame else None
 
 
-def _webp_size(data: bytes) -> tuple[int, int] | None:
-    chunk = data[12:16]
-    if chunk == b"VP8X" and len(data) >= 30:
-        w = int.from_bytes(data[24:27], "little") + 1
-        h = int.from_bytes(data[27:30], "little") + 1
-        return _pair(w, h)
-    if chunk == b"VP8 " and len(data) >= 30:
-        w, h = struct.unpack("<HH", data[26:30])
-        return _pair(w & 0x3FFF, h & 0x3FFF)
-    if chunk == b"VP8L" and len(data) >= 25:
-        bits = int.from_bytes(data[21:25], "little")
-        return _pair((bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1)
-    return None
+class _HeaderReads:
+    """The bytes as the file :mod:`imagesize` reads, refused after a few thousand reads.
+
+    imagesize walks a JPEG marker by marker and an ISO file box by box, to the end of the
+    file if need be: seconds for a crafted file of empty segments. A real header ends within
+    a few dozen reads. Reads are slices of the caller's bytes (no copy of the file).
+    """
+
+    _READS = 4096
+
+    def __init__(self, data: bytes) -> None:
+        self._view = memoryview(data)
+        self._at = 0
+        self._left = self._READS
+
+    def read(self, size: int = -1) -> bytes:
+        self._left -= 1
+        if self._left < 0:
+            raise ValueError("a header walk past its bound")
+        end = self._at + (_SCAN if size < 0 else size)
+        chunk = self._view[self._at : end].tobytes()
+        self._at += len(chunk)
+        return chunk
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: len(self._view)}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
 
 
 def declared_size(data: bytes) -> tuple[int, int] | None:
     """(width, height) as the header of a common format declares it, without decoding: for
     files Pillow refuses before saying (its decompression-bomb check), so the store can give
-    its own size limit's message."""
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return _pair(_u32(data, 16), _u32(data, 20))
-    if data.startswith(b"\xff\xd8"):
-        return _jpeg_size(data)
+    its own size limit's message.
+
+    :mod:`imagesize` reads PNG, JPEG, GIF, BMP, WebP, TIFF, JPEG 2000, Netpbm, HEIF and
+    AVIF (the primary item's extents); the rest are ours: GIF (imagesize 2.0 reads its
+    unsigned sides as signed, so a 40000-pixel side comes back negative), PSD, and the
+    formats :func:`identify` names. A big-endian BigTIFF declares no size here (imagesize
+    reads the little-endian kind only).
+    """
     if data.startswith(b"GIF8") and len(data) >= 10:
         return _pair(*struct.unpack("<HH", data[6:10]))
-    if data.startswith(b"BM") and len(data) >= 26:
-        w, h = struct.unpack("<ii", data[18:26])
-        return _pair(w, abs(h))
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return _webp_size(data)
-    if data[:4] in (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+"):
-        return _tiff_size(data)
     if data.startswith(b"8BPS") and len(data) >= 22:
         h, w = struct.unpack(">II", data[14:22])
         return _pair(w, h)
     signature = identify(data)
-    return signature.size if signature else None
+    return signature.size if signature is not None else _imagesize(data)
+
+
+def _imagesize(data: bytes) -> tuple[int, int] | None:
+    if data.startswith(b"<"):  # never imagesize's SVG parser: we read raster images only
+        return None
+    return _pair(*imagesize.get(_HeaderReads(data), exif_rotation=False))  # (-1, -1): unread
 
 
 # --- signatures -------------------------------------------------------------------------------
@@ -213,6 +201,14 @@ class _Kind:
 
 
 _HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"mif1", b"msf1"}
+
+
+def _brands(data: bytes) -> set[bytes]:
+    """The major and compatible brands of an ISO file's ``ftyp`` box (none without one)."""
+    if data[4:8] != b"ftyp":
+        return set()
+    end = min(int.from_bytes(data[:4], "big"), len(data), 256)
+    return {data[8:12]} | {data[at : at + 4] for at in range(16, end - 3, 4)}
 
 
 def _svgz(data: bytes) -> bool:
@@ -267,7 +263,7 @@ _KINDS = [
         "TIFF",  # a variant Pillow cannot read: float RGB, 32-bit integer RGB, ...
         lambda d: d[:4] in (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+"),
         "a TIFF reader for this variant, such as tifffile",
-        _tiff_size,
+        _imagesize,
         "opencv",
     ),
     _Kind(
@@ -300,17 +296,17 @@ _KINDS = [
         "a JPEG XL decoder (a Pillow plugin such as pillow-jxl-plugin)",
     ),
     _Kind(
-        "HEIF",
-        lambda d: d[4:8] == b"ftyp" and d[8:12] in _HEIF_BRANDS,
-        "a HEIF decoder (the pillow-heif plugin)",
-        _isobmff_size,
+        "AVIF",  # before HEIF: an AVIF may carry a HEIF major brand (mif1) and list avif
+        lambda d: bool(_brands(d) & {b"avif", b"avis"}),
+        "Pillow built with AVIF, or OpenCV built with libavif",
+        _imagesize,
+        "opencv",
     ),
     _Kind(
-        "AVIF",
-        lambda d: d[4:8] == b"ftyp" and d[8:12] in (b"avif", b"avis"),
-        "Pillow built with AVIF, or OpenCV built with libavif",
-        _isobmff_size,
-        "opencv",
+        "HEIF",
+        lambda d: bool(_brands(d) & _HEIF_BRANDS),
+        "a HEIF decoder (the pillow-heif plugin)",
+        _imagesize,
     ),
     _Kind(
         "JPEG 2000",
@@ -318,13 +314,14 @@ _KINDS = [
             d.startswith(b"\x00\x00\x00\x0cjP  \r\n\x87\n") or d.startswith(b"\xff\x4f\xff\x51")
         ),
         "Pillow or OpenCV built with OpenJPEG",
-        reader="opencv",
+        _imagesize,  # the JP2 box format's; a bare codestream declares none here
+        "opencv",
     ),
     _Kind(
         "WebP",
         lambda d: d[:4] == b"RIFF" and d[8:12] == b"WEBP",
         "Pillow or OpenCV built with libwebp",
-        _webp_size,
+        _imagesize,
         "opencv",
     ),
     _Kind(

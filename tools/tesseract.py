@@ -5,7 +5,7 @@ small regions (x2/x3 cubic). Otsu binarisation is off unless asked for: on top o
 costs recall on the smallest text, and alone it does not help (``scripts/bench_tools.py``
 measures it; the figures are in the tools reference, docs/api/tools.md).
 
-Two engines: ``tesserocr`` (a persistent in-process Tesseract, ~15x faster per call,
+Two engines: ``tesserocr`` (a persistent in-process Tesseract, no process start per call,
 used when installed: ``pip install speceyes-graph[fast-ocr]``) and ``pytesseract`` (one
 ``tesseract`` process per call, the fallback).
 """

@@ -21,7 +21,8 @@ the project's shared docs for the measurements behind each choice).
 The small model can run the same loop once (depth-1 speculation): it sees the scene at 128 px,
 so it writes its boxes in that frame (:data:`SMALL_FRAME`, edges one token each too), with a
 one-sentence think before each action, so its loop stays cheap and its few box tokens are not
-buried under think text (the notes measured a ~100-token think hiding them for 19 minutes).
+buried under think text (a longer think hid them for most of a training run: see the
+training notes).
 
 Everything a conversation contains is rendered exactly as the graph renders it at inference
 (``tests/test_training.py`` runs the real graph with recording models and compares).

@@ -78,8 +78,9 @@ def _most_errors(errors: int, sample: int, population: int, delta: float) -> int
     """The hypergeometric test inverted: the chance of at most ``errors`` falls as the
     group's errors rise, so the bound is the last count where it is still ``delta``.
     SciPy has the test (``hypergeom.cdf``, the tests' reference) but no inverse in the
-    group's count; a search over it with SciPy's cdf took 1.7 ms a bound against 0.14 ms
-    for this one, and the online gate asks one for every candidate tau."""
+    group's count, and a search over its cdf is several times slower than this one
+    (docs/throughput.md, ``scripts/bench_internals.py``); the online gate asks one for every
+    candidate tau."""
     if sample <= 0:
         return population
     lf = _log_factorial(population)

@@ -3,7 +3,7 @@ at or below a target while the traffic drifts.
 
 **Risk** is the share of queries whose accepted draft disagrees with what the agent would
 answer: the accuracy given up against agent-only. A fixed tau gives a different risk on
-each workload (the published 0.98: 1.2% of HR-Bench 4K queries, 4.4% of V*'s).
+each workload (the published 0.98's, replayed on the official outputs: docs/calibration.md).
 
 **Labels.** Every rejected draft is followed by the agent, so whether it agreed is known.
 An accepted draft's answer goes to the user; it is *shadow-verified* (the agent runs on it

@@ -1,7 +1,7 @@
 """Is a hub id loadable here? Answered in seconds, before transformers' download retries.
 
 Offline, ``from_pretrained("owner/name")`` of a model that is not in the local cache retries
-its downloads for minutes (162 s measured for ``Qwen/Qwen3-VL-2B-Instruct``) before it fails.
+its downloads for minutes before it fails.
 The cache is looked up first, then one metadata request with a short timeout says whether the
 hub can be reached at all.
 """

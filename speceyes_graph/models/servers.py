@@ -235,8 +235,8 @@ class VLLMServer(EngineServer):
     the gate's K (64); ``kv_cache_gib`` is vLLM CPU's ``VLLM_CPU_KVCACHE_SPACE``.
 
     ``eager`` (the default) passes ``--enforce-eager``: otherwise vLLM compiles the model with
-    ``torch.compile`` at every start (about 40 s on 2 CPU cores, half of a start: vllm-cpu
-    0.32.0 cannot load its own compile cache), which the demo's tiny checkpoints never earn
+    ``torch.compile`` at every start (half of a start on a small CPU: vllm-cpu 0.32.0 cannot
+    load its own compile cache), which the demo's tiny checkpoints never earn
     back; decoding is as fast and the outputs the same. Pass ``eager=False`` for a real
     checkpoint that serves for long.
     """
@@ -337,7 +337,7 @@ class SGLangServer(EngineServer):
 
     ``--sleep-on-idle``: an idle SGLang scheduler otherwise polls in a busy loop, a whole core
     per server. With two servers on a 2-core machine the idle one starved the busy one's
-    decoding: the demo's 60 SpecEyes queries took 235 s, and take 21 s with it.
+    decoding: the demo's SpecEyes run took ten times as long without it.
     """
 
     engine = "sglang"
