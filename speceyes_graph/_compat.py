@@ -89,10 +89,11 @@ class StreamsWhenAsked:
     asked" setting would remove these overrides. ``_should_use_protocol_streaming`` is absent
     in older langchain-core releases, where it is simply never called."""
 
+    def _streaming_asked(self, kwargs: dict[str, Any]) -> bool:
+        return bool(kwargs.get("stream") or getattr(self, "streaming", False))
+
     def _should_stream(self, *, async_api: bool, run_manager: Any = None, **kwargs: Any) -> bool:
-        if not (kwargs.get("stream") or getattr(self, "streaming", False)):
-            return False
-        return bool(
+        return self._streaming_asked(kwargs) and bool(
             super()._should_stream(  # type: ignore[misc]
                 async_api=async_api, run_manager=run_manager, **kwargs
             )
@@ -101,9 +102,7 @@ class StreamsWhenAsked:
     def _should_use_protocol_streaming(
         self, *, async_api: bool, run_manager: Any = None, **kwargs: Any
     ) -> bool:
-        if not (kwargs.get("stream") or getattr(self, "streaming", False)):
-            return False
-        return bool(
+        return self._streaming_asked(kwargs) and bool(
             super()._should_use_protocol_streaming(  # type: ignore[misc]
                 async_api=async_api, run_manager=run_manager, **kwargs
             )
@@ -114,11 +113,11 @@ def cache_content_block_types() -> None:
     """Every chat-model call formats its messages for tracing, and langchain-core asks, for
     each image block, ``typing.get_type_hints`` of its data-block types anew (a real share
     of the graph's host time when models answer at once: docs/throughput.md, measured by
-    ``scripts/bench_internals.py``). The types are fixed
-    when langchain-core is imported, so the answer is computed once: the one change this
-    package makes to a dependency's objects, applied on import. A langchain-core that caches
-    it itself (as ``langchain`` did for its own type resolution, langchain-ai/langchain#36649),
-    or names it otherwise, is left alone."""
+    ``scripts/bench_internals.py``). The types are fixed when langchain-core is imported, so
+    the answer is computed once: the one change this package makes to a dependency's
+    objects, applied on import. A langchain-core that caches it itself (as ``langchain`` did
+    for its own type resolution, langchain-ai/langchain#36649), or names it otherwise, is
+    left alone."""
     from langchain_core.messages import content
 
     compute = getattr(content, "_get_data_content_block_types", None)

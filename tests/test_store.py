@@ -1,6 +1,7 @@
 """The image store's parts: blobs, views that survive eviction, held images, deadlines."""
 
 import contextvars
+import os
 import threading
 import time
 
@@ -47,6 +48,31 @@ def test_a_model_view_evicted_from_the_blobs_is_rendered_again(tmp_path):
     assert data.startswith(b"\x89PNG") and store.model_view(a, ResizeSpec()) == key
 
 
+def test_the_process_image_memory_is_sized_by_the_environment():
+    """A deployment sizes the shared image memory without code (read at first use); a bound
+    that is not a byte count fails naming the variable."""
+    import subprocess
+    import sys
+
+    probe = "from speceyes_tools.memory import image_memory; print(image_memory().max_bytes)"
+
+    def run(value):
+        env = {k: v for k, v in os.environ.items() if k != "SPECEYES_IMAGE_MEMORY_BYTES"}
+        if value is not None:
+            env["SPECEYES_IMAGE_MEMORY_BYTES"] = value
+        return subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+        )
+
+    assert run(None).stdout.strip() == str(2 << 30)
+    assert run("536_870_912").stdout.strip() == str(512 << 20)
+    assert run("0").stdout.strip() == "0"
+    for bad in ("2GiB", "-1"):
+        failed = run(bad)
+        assert failed.returncode != 0
+        assert "SPECEYES_IMAGE_MEMORY_BYTES must be a whole number of bytes" in failed.stderr
+
+
 def test_an_images_decoded_and_processed_copies_share_one_bound(tmp_path, monkeypatch):
     """The store's decoded pixels and a model's processed tensors are held under one bound
     (the process's image memory): an image's two copies fit, two images' do not, so the
@@ -60,7 +86,7 @@ def test_an_images_decoded_and_processed_copies_share_one_bound(tmp_path, monkey
     decoded = 1280 * 720 * 3
     processed = 4 * decoded  # float32
     shared = memory.ImageMemory(decoded + processed + decoded // 2)
-    monkeypatch.setattr(memory, "_PROCESS_MEMORY", shared)
+    monkeypatch.setattr(memory, "_process_memory", shared)
     store = ImageStore()
     processor = CachedImageProcessor(
         lambda images, **kw: {"pixel_values": torch.from_numpy(np.stack(images)).float()}

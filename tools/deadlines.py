@@ -436,7 +436,7 @@ def cpu_work() -> EarliestDeadlineFirst:
     request preparation): a slot per CPU but one, earliest deadline first. One gate for every
     stage, so an older query's model request goes before a newer query's image decode; the
     spare CPU keeps the models' batch workers (the Python of their decode loops) fed
-    (measured on 2 cores: tiny-checkpoint ceiling ratio 0.87 with 1 slot, 0.82 with 2)."""
+    (docs/throughput.md, "The ceiling ratio": one slot fewer than CPUs against as many)."""
     global _CPU_WORK
     with _CPU_WORK_LOCK:
         if _CPU_WORK is None:

@@ -20,6 +20,7 @@ the only copy of an input or a crop, which evicting for pixels would lose.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterable
@@ -28,7 +29,7 @@ from typing import Any
 
 from cachetools import LRUCache
 
-__all__ = ["ImageMemory", "MemoryPart", "image_memory"]
+__all__ = ["DEFAULT_IMAGE_MEMORY", "ImageMemory", "MemoryPart", "image_memory"]
 
 _PARTS = itertools.count()
 
@@ -120,12 +121,40 @@ class MemoryPart:
         self.forget(lambda _: True)
 
 
-_PROCESS_MEMORY = ImageMemory(2 << 30)
+DEFAULT_IMAGE_MEMORY = 2 << 30
+"""What the old separate bounds of decoded pixels (1 GiB) and one model's processed images
+(1 GiB) allowed together."""
+
+_process_memory: ImageMemory | None = None
+_process_memory_lock = threading.Lock()
 
 
 def image_memory() -> ImageMemory:
-    """The process's image memory, 2 GiB: what the old separate bounds of decoded pixels
-    (1 GiB) and one model's processed images (1 GiB) allowed together, now shared by the
-    default store, every store made without ``max_bytes`` and every local model's processor
-    (a second model's no longer adds its own gigabyte)."""
-    return _PROCESS_MEMORY
+    """The process's image memory, shared by the default store, every store made without
+    ``max_bytes`` and every local model's processor (a second model does not add its own
+    bound).
+
+    Its bound is :data:`DEFAULT_IMAGE_MEMORY` (2 GiB) unless the environment variable
+    ``SPECEYES_IMAGE_MEMORY_BYTES`` gives another, read at first use: a server's processes
+    are sized by their deployment, not by code that builds the graph."""
+    global _process_memory
+    with _process_memory_lock:
+        if _process_memory is None:
+            _process_memory = ImageMemory(_bound_from_environment())
+        return _process_memory
+
+
+def _bound_from_environment() -> int:
+    text = os.environ.get("SPECEYES_IMAGE_MEMORY_BYTES", "").strip()
+    if not text:
+        return DEFAULT_IMAGE_MEMORY
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(
+            f"SPECEYES_IMAGE_MEMORY_BYTES must be a whole number of bytes, 0 or more "
+            f"(0 keeps no images in memory), got {text!r:.40}"
+        )
+    return value
