@@ -13,11 +13,13 @@ from __future__ import annotations
 import gzip
 import struct
 import zlib
+from io import BytesIO
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
+from PIL import Image
 
 from speceyes_tools import ImageLoadError, load_image
 from speceyes_tools.images import ImagePolicy
@@ -164,10 +166,6 @@ def _encoded(ext: str, rgb: np.ndarray) -> bytes:
 
 
 def _pillow(fmt: str, size: tuple[int, int], **options) -> bytes:
-    from io import BytesIO
-
-    from PIL import Image
-
     out = BytesIO()
     Image.new("L" if fmt == "GIF" else "RGB", size).save(out, fmt, **options)
     return out.getvalue()

@@ -149,9 +149,10 @@ class ImageStore:
 
     Args:
         max_bytes: decoded arrays kept (LRU), views' pixels included. None (the default):
-            the process's :func:`~speceyes_tools.memory.image_memory` (2 GiB), shared with
-            local models' processed images, so that all host copies of an image have one
-            bound; a number: a bound of this store's own.
+            the process's :func:`~speceyes_tools.memory.image_memory` (2 GiB, or
+            ``SPECEYES_IMAGE_MEMORY_BYTES``), shared with local models' processed images,
+            so that all host copies of an image have one bound; a number: a bound of this
+            store's own.
         policy: which references are opened (:class:`ImagePolicy`; default: local use).
         blobs: where blob bytes live (default: :class:`~speceyes_tools.blobs.MemoryBlobs`,
             512 MiB); use :class:`~speceyes_tools.blobs.DirectoryBlobs` for servers.

@@ -161,8 +161,9 @@ class ChatTransformersVLM(StreamsWhenAsked, BaseChatModel):
         default=None,
         ge=0,
         description="Processed images kept for reuse (judge, then each agent turn), in host "
-        "memory; None: under one 2 GiB bound with decoded images (speceyes_tools.memory); "
-        "a number: a bound of their own; 0: none.",
+        "memory; None: under the process's image memory, one bound with decoded images "
+        "(speceyes_tools.memory: 2 GiB, or SPECEYES_IMAGE_MEMORY_BYTES); a number: a bound "
+        "of their own; 0: none.",
     )
     processor_kwargs: dict[str, Any] = Field(default_factory=dict)
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
