@@ -22,7 +22,8 @@ from .gate.separability import (
 )
 from .graph import SpecEyesError, create_speceyes_graph, parse_judge
 from .graph.options import SpeculationOptions
-from .integrations.compose import create_speceyes_chat_graph, speceyes_tool
+from .integrations.chat import create_speceyes_chat_graph
+from .integrations.compose import speceyes_tool
 from .integrations.middleware import ImageStoreMiddleware, SpecEyesMiddleware
 from .prompts import Prompts
 from .settings import Limits

@@ -33,12 +33,12 @@ is *sent* is a view of that transcript in its protocol (:func:`to_wire`):
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, ToolMessage
 
+from speceyes_tools.attachments import Attachment, read_attachment
 from speceyes_tools.blobs import is_blob_key
 from speceyes_tools.images import ImageStore, ResizeSpec, default_store
 from speceyes_tools.sources import ImageLoadError
@@ -56,6 +56,9 @@ __all__ = [
     "image_blocks",
     "in_frame",
     "image_ref",
+    "is_unreadable",
+    "not_an_image",
+    "reference_block",
     "readable_images",
     "takes_chat_role",
     "unreadable",
@@ -106,38 +109,31 @@ def _blocks(content: str | Sequence[str | dict] | None) -> list[dict]:
 # --- references <-> pixels ---------------------------------------------------------------------
 
 
+STORED = "speceyes_image"
+"""The metadata key under which a displayed image block (a thumbnail a chat message keeps,
+:mod:`speceyes_graph.integrations.chat`) names the stored image it shows."""
+
+
 def image_ref(block: Any) -> str | None:
-    """The ``blob://`` key of a reference block, else None."""
-    if isinstance(block, dict) and block.get("type") == "image" and is_blob_key(block.get("url")):
-        return block["url"]
+    """The ``blob://`` key an image block stands for, else None: a reference block's, or
+    the stored image a displayed one (a thumbnail) names in its metadata. A model is
+    always sent the stored image, never the thumbnail."""
+    if not isinstance(block, dict) or block.get("type") != "image":
+        return None
+    if is_blob_key(block.get("url")):
+        return str(block["url"])
+    metadata = block.get("metadata")
+    if isinstance(metadata, dict) and is_blob_key(metadata.get(STORED)):
+        return str(metadata[STORED])
     return None
 
 
-def _inline_bytes(block: Any) -> bytes | None:
-    """Pixels carried inline by an image block (LangChain standard or OpenAI format)."""
-    if not isinstance(block, dict):
-        return None
-    kind = block.get("type")
-    data = None
-    if kind == "image" and block.get("base64"):
-        data = block["base64"]
-    elif kind == "image" and block.get("source_type") == "base64" and block.get("data"):
-        data = block["data"]
-    elif kind == "image" and isinstance(block.get("url"), str) and block["url"].startswith("data:"):
-        data = block["url"].partition(",")[2]
-    elif kind == "image_url":
-        url = block.get("image_url")
-        url = url.get("url") if isinstance(url, dict) else url
-        if isinstance(url, str) and url.startswith("data:"):
-            data = url.partition(",")[2]
-    if data is None:
-        return None
-    if isinstance(data, bytes):
-        return data
-    if not isinstance(data, str):
-        raise ValueError(f"image data is a {type(data).__name__}, not base64 text")
-    data = "".join(data.split())  # line breaks, as some encoders write them
-    return base64.b64decode(data + "=" * (-len(data) % 4))  # padding lost on the way: restored
+def reference_block(key: str, mime_type: str | None = None, name: str | None = None) -> dict:
+    """A reference to a stored image, with the file name the person sent it under."""
+    block: dict[str, Any] = {"type": "image", "url": key, "mime_type": mime_type or "image/png"}
+    if name:
+        block["metadata"] = {"name": name}
+    return block
 
 
 def _map_images(message: _Message, fn: Callable[[Any], Any]) -> _Message:
@@ -243,22 +239,57 @@ def dehydrate(
     store = store or default_store()
 
     def keep(block: Any) -> Any:
-        try:
-            data = _inline_bytes(block)
-        except ValueError as exc:  # binascii.Error too: no image to keep, say so instead
-            return unreadable(f"its data is not base64 ({exc})")
-        if data is None:
+        if image_ref(block) or _not_read(block):
             return block
-        key = store.put(data, background=background)
-        return {"type": "image", "url": key, "mime_type": block.get("mime_type", "image/png")}
+        found = read_attachment(block)
+        if found is not None and found.file_id:
+            why = f"it is another service's file ({found.file_id}), which cannot be read here"
+            return unreadable(f"{found.label}: {why}; send the image itself")
+        if found is None or (found.data is None and found.problem is None):
+            return block  # not an attachment, or one by URL: read_images checks those
+        if found.problem:
+            return unreadable(f"{found.label}: {found.problem}")
+        assert found.data is not None
+        if found.block_type == "file" and not found.is_image:
+            return not_an_image(found)
+        key = store.put(found.data, background=background)
+        return reference_block(key, found.mime_type, found.name)
 
     return _map_images(message, keep)
+
+
+def not_an_image(found: Attachment) -> dict[str, Any]:
+    """What a message keeps of a file that is not an image: its name and type, for the
+    person to see what they sent (as LangChain JS's file blocks show it), not its bytes."""
+    return {
+        "type": "file",
+        "mimeType": found.mime_type or "application/octet-stream",
+        "metadata": {"filename": found.label, NOT_READ: "not an image"},
+    }
+
+
+NOT_READ = "speceyes_not_read"
+"""The metadata key of a file block kept without its data: why it was not read."""
+
+
+def _not_read(block: Any) -> bool:
+    metadata = block.get("metadata") if isinstance(block, dict) else None
+    return isinstance(metadata, dict) and bool(metadata.get(NOT_READ))
+
+
+UNREADABLE_NOTE = "[An image here could not be read: "
 
 
 def unreadable(why: str) -> dict[str, str]:
     """The text block an image that cannot be read is replaced with: the turn says so, and
     the thread keeps no block that would fail every later model call."""
-    return {"type": "text", "text": f"[An image here could not be read: {why}]"}
+    return {"type": "text", "text": f"{UNREADABLE_NOTE}{why}]"}
+
+
+def is_unreadable(block: Any) -> bool:
+    """Whether a block is :func:`unreadable`'s note."""
+    text = block.get("text") if isinstance(block, dict) else None
+    return isinstance(text, str) and text.startswith(UNREADABLE_NOTE)
 
 
 def readable_images(message: _Message, store: ImageStore | None = None) -> _Message:
@@ -286,15 +317,13 @@ def readable_images(message: _Message, store: ImageStore | None = None) -> _Mess
 
 def _image_location(block: Any) -> str | None:
     """Where an image block's picture is (a key, URL or path), else None."""
-    if not isinstance(block, dict):
+    key = image_ref(block)
+    if key:
+        return key
+    found = read_attachment(block)
+    if found is None or not found.location or found.block_type == "file":
         return None
-    if block.get("type") == "image" and isinstance(block.get("url"), str):
-        return str(block["url"])
-    if block.get("type") == "image_url":
-        url = block.get("image_url")
-        url = url.get("url") if isinstance(url, dict) else url
-        return url if isinstance(url, str) else None
-    return None
+    return found.location
 
 
 # --- the wire format of each protocol ----------------------------------------------------------

@@ -1,17 +1,39 @@
 """The graphs a server loads by file path (``langgraph.json``, ``aegra.json``).
 
-``langgraph dev``, LangGraph Platform and Aegra execute the file a graph id names once per
-graph id. This file only imports the graphs from :mod:`speceyes_graph.integrations.studio` (a module,
-imported once per process), so the models behind them are built once however many graph
-ids name it; naming ``studio.py`` itself would build them once per graph id.
+Each name is a graph factory: ``langgraph dev``, LangGraph Platform and Aegra import this
+file at start (once per graph id) and call the factory when a graph is needed, so the start
+builds nothing heavy and the models load on first use. The graphs themselves live in
+:mod:`speceyes_graph.integrations.studio` (a module, imported once per process), built once
+however many graph ids name them, and the same objects every call after the first. Imports
+are absolute because the servers load this file by path.
 """
 
-from speceyes_graph.integrations.studio import (
-    agent_graph,
-    chat_graph,
-    example_graph,
-    graph,
-    online_graph,
-)
+from speceyes_graph.integrations.studio import aserved_graph
+
+
+async def graph():
+    """``speceyes``: question, images, options in; answer, route, evidence out."""
+    return await aserved_graph("speceyes")
+
+
+async def chat_graph():
+    """``speceyes_chat``: the same models behind a chat front."""
+    return await aserved_graph("speceyes_chat")
+
+
+async def example_graph():
+    """``speceyes_example``: the offline example's scripted models."""
+    return await aserved_graph("speceyes_example")
+
+
+async def online_graph():
+    """``speceyes_online``: ``speceyes`` with the online gate."""
+    return await aserved_graph("speceyes_online")
+
+
+async def agent_graph():
+    """``speceyes_agent``: LangChain's ``create_agent`` with SpecEyesMiddleware in front."""
+    return await aserved_graph("speceyes_agent")
+
 
 __all__ = ["agent_graph", "chat_graph", "example_graph", "graph", "online_graph"]

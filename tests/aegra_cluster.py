@@ -11,6 +11,7 @@ however many graph ids name them).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -34,10 +35,18 @@ with PostgresStore.from_conn_string(sys.argv[1]) as store:
     store.setup()
 """
 GATES = ROOT / "tests" / "served" / "gates.py"  # online gates for the forgery tests (issue 66)
-CONFIG = (
-    f'{{"graphs": {{"speceyes": "{SERVE}:graph", "speceyes_chat": "{SERVE}:chat_graph", '
-    f'"speceyes_online": "{SERVE}:online_graph", "guarded": "{GATES}:guarded", '
-    f'"failing_shadows": "{GATES}:failing_shadows"}}}}'
+ROUTES = ROOT / "speceyes_graph" / "deploy" / "routes.py"  # the chat's image route
+CONFIG = json.dumps(
+    {
+        "graphs": {
+            "speceyes": f"{SERVE}:graph",
+            "speceyes_chat": f"{SERVE}:chat_graph",
+            "speceyes_online": f"{SERVE}:online_graph",
+            "guarded": f"{GATES}:guarded",
+            "failing_shadows": f"{GATES}:failing_shadows",
+        },
+        "http": {"app": f"{ROUTES}:app"},
+    }
 )
 # the online gate of the graph "speceyes_online" (tests/test_aegra.py): it moves after a few
 # queries, and shadows half the accepted drafts; its key is new each session

@@ -5,7 +5,9 @@ as ``bytes``, never its ``::text`` form, which is hex and hides everything), and
 decoded with LangGraph's serializer and searched as text (so a leak is reported with the
 channel and the task that wrote it, and one the serializer compresses or escapes is found
 too). What counts as image data: a ``data:image`` URL, base64 of a PNG, JPEG, GIF or WebP
-header, and those headers as raw bytes.
+file, and those headers as raw bytes; except a thumbnail, which a chat message keeps so the
+person sees the picture they sent (base64 of an image of at most
+:data:`THUMBNAIL_MAX_SIDE` px a side, :mod:`speceyes_graph.integrations.chat`).
 
 Sources: a PostgreSQL database (the ``checkpoints``, ``checkpoint_blobs`` and
 ``checkpoint_writes`` tables of ``PostgresSaver``, as LangGraph's servers and Aegra lay them
@@ -14,15 +16,37 @@ out), a ``SqliteSaver``'s database and an ``InMemorySaver``; :func:`saver_rows` 
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from PIL import Image
 
 # base64 of the first bytes of PNG, JPEG, GIF and WebP files, and the headers themselves
 TEXT_SIGNS = ("data:image", "iVBORw0KGgo", "/9j/", "R0lGOD", "UklGR")
 BYTE_SIGNS = tuple(s.encode() for s in TEXT_SIGNS) + (b"\x89PNG\r\n", b"\xff\xd8\xff", b"GIF8")
+THUMBNAIL_MAX_SIDE = 128
+_BASE64_IMAGE = re.compile(rb"(?:iVBORw0KGgo|/9j/|R0lGOD|UklGR)[A-Za-z0-9+/]*={0,2}")
+
+
+def _beyond_thumbnails(data: bytes) -> bool:
+    """Whether ``data`` holds image data other than thumbnails: a raw image header, a
+    ``data:image`` URL, or base64 of an image larger than a thumbnail (or not decodable)."""
+    if b"data:image" in data or any(sign in data for sign in BYTE_SIGNS[len(TEXT_SIGNS) :]):
+        return True
+    for found in _BASE64_IMAGE.finditer(data):
+        try:
+            with Image.open(io.BytesIO(base64.b64decode(found.group()))) as image:
+                if max(image.size) > THUMBNAIL_MAX_SIDE:
+                    return True
+        except (binascii.Error, ValueError, OSError):
+            return True  # image-like base64 that is no whole image: count it
+    return False
 
 
 @dataclass(frozen=True)
@@ -43,7 +67,7 @@ class Row:
 
 def holds_pixels(row: Row, serde: JsonPlusSerializer | None = None) -> bool:
     """Whether the row's bytes or its decoded value hold image data."""
-    if any(sign in row.data for sign in BYTE_SIGNS):
+    if _beyond_thumbnails(row.data):
         return True
     if row.type is None or row.type == "empty":
         return False
@@ -51,7 +75,7 @@ def holds_pixels(row: Row, serde: JsonPlusSerializer | None = None) -> bool:
         value = (serde or JsonPlusSerializer()).loads_typed((row.type, row.data))
     except Exception:  # a value we cannot decode is searched as bytes only (above)
         return False
-    return any(sign in repr(value) for sign in TEXT_SIGNS)
+    return _beyond_thumbnails(repr(value).encode())
 
 
 def leaks(rows: Iterable[Row]) -> list[Row]:
@@ -153,10 +177,9 @@ def tables_holding_pixels(conn: Any) -> dict[str, tuple[int, int]]:
         else:
             value, signs, cast = f'"{column}"::text', list(TEXT_SIGNS), ""
         test = " OR ".join(f"position(%s{cast} in {value}) > 0" for _ in signs)
-        n, largest = conn.execute(
-            f'SELECT count(*), coalesce(max(octet_length({value})), 0) FROM "{table}" WHERE {test}',
-            signs,
-        ).fetchone()
-        if n:
-            found[f"{table}.{column}"] = (n, largest)
+        rows = conn.execute(f'SELECT {value} FROM "{table}" WHERE {test}', signs).fetchall()
+        held = [bytes(v) if data_type == "bytea" else str(v).encode() for (v,) in rows]
+        held = [v for v in held if _beyond_thumbnails(v)]  # thumbnails are what a chat keeps
+        if held:
+            found[f"{table}.{column}"] = (len(held), max(map(len, held)))
     return found

@@ -49,7 +49,7 @@ def plan(demo_local, tmp_path_factory) -> list[list[tuple[str, dict, str]]]:
     image and whose follow-ups ask about it in text alone."""
     from speceyes_graph import create_speceyes_graph
     from speceyes_graph.demo import DEMO_GRAPH_SETTINGS, demo_queries
-    from speceyes_graph.integrations.compose import _spelled_out
+    from speceyes_graph.integrations.chat import chat_reply
 
     folder = tmp_path_factory.mktemp("aegra-queries")
     queries = [
@@ -85,7 +85,7 @@ def plan(demo_local, tmp_path_factory) -> list[list[tuple[str, dict, str]]]:
     for t, graph_id, payload, q in turns:
         answer = answers[(q["question"], q["images"][0], tuple(q["options"]))]
         if graph_id == "speceyes_chat":
-            answer = _spelled_out(answer, q["options"])
+            answer = chat_reply(answer, q["options"])
         threads[t].append((graph_id, payload, answer))
     return threads
 

@@ -20,7 +20,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 from helpers import deepeyes_agent, judge, question_of, speculator
 from speceyes_graph import Limits, create_speceyes_graph
-from speceyes_graph.integrations.compose import create_speceyes_chat_graph
+from speceyes_graph.integrations.chat import create_speceyes_chat_graph
 from speceyes_graph.models import ScriptedChatModel
 
 _VARIES = ("timings", "latency_s", "started_at", "deadline", "id")  # clocks, generated ids

@@ -10,7 +10,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from helpers import deepeyes_agent, judge, speculator
 from speceyes_graph import create_speceyes_chat_graph, create_speceyes_graph, speceyes_tool
-from speceyes_graph.integrations.compose import split_options
+from speceyes_graph.integrations.turns import split_options
 from speceyes_graph.models import ScriptedChatModel, fake_logprobs
 from speceyes_graph.protocol import message_text
 
@@ -46,15 +46,19 @@ def test_chat_graph_answers_and_keeps_no_pixels(scene):
         },
         cfg,
     )
-    assert [m.type for m in first["messages"]] == ["human", "ai"]
+    # the agent's zoom shows as a tool call and its result, then the answer
+    assert [m.type for m in first["messages"]] == ["human", "ai", "tool", "ai"]
+    assert first["messages"][1].tool_calls[0]["name"] == "image_zoom_in_tool"
     assert first["messages"][-1].content == "B" and first["route"] == "judged-agentic"
     assert first["messages"][-1].response_metadata["speceyes"]["route"] == "judged-agentic"
-    # the pasted image was moved into the image store: the thread holds a reference
+    # the pasted image was moved into the image store: the thread holds a thumbnail that
+    # names the stored image, not the image
     stored = g.get_state(cfg).values["messages"][0].content
-    assert stored[1]["url"].startswith("blob://") and "base64" not in json.dumps(stored)
+    assert stored[1]["metadata"]["speceyes_image"].startswith("blob://")
+    assert len(stored[1]["data"]) < 8000 and "base64" not in json.dumps(stored)
     # a follow-up without an image asks about the latest image of the conversation
     second = g.invoke({"messages": [HumanMessage(content="And the big one?")]}, cfg)
-    assert [m.type for m in second["messages"]] == ["human", "ai", "human", "ai"]
+    assert [m.type for m in second["messages"]] == ["human", "ai", "tool", "ai", "human", "ai"]
     assert second["messages"][-1].content == "A" and second["route"] == "speculative"
     # per-run context reaches the SpecEyes graph inside
     strict = g.invoke(
@@ -79,10 +83,10 @@ def test_chat_graph_reports_failures_as_answers(scene):
     )
     assert out["error"].startswith("input: ") and "could not answer" in out["messages"][-1].content
     empty = g.invoke({"messages": [AIMessage(content="hello")]})
-    assert "Ask a question" in empty["messages"][-1].content
+    assert "attach an image" in empty["messages"][-1].content
 
 
-def test_messages_stream_carries_only_the_answer(scene):
+def test_messages_stream_carries_the_steps_and_the_answer(scene):
     g = create_speceyes_chat_graph(**models()).compile()
     chunks = [
         (msg.type, msg.content, meta["langgraph_node"])
@@ -95,7 +99,12 @@ def test_messages_stream_carries_only_the_answer(scene):
             stream_mode="messages",
         )
     ]
-    assert chunks == [("ai", "B", "answer")]  # no judge "yes", no draft, no agent turns, no pixels
+    # the zoom as a chat shows it, then the answer: no judge "yes", no draft, no raw agent
+    # turns (protocol text), no pixels
+    assert [(t, node) for t, _, node in chunks] == [("ai", "answer"), ("tool", "answer")] + [
+        ("ai", "answer")
+    ]
+    assert chunks[-1][1] == "B" and "<" not in json.dumps([c[1] for c in chunks])
     # on the plain graph, the judge's and the speculator's calls are not streamed either
     plain = create_speceyes_graph(**models()).compile()
     msgs = [
@@ -146,7 +155,7 @@ def test_chat_graph_takes_options_from_an_options_line(scene):
     assert "Options: red; green" not in seen[0]  # the line became the graph's options
 
 
-def test_messages_stream_with_subgraphs_carries_only_the_answer(scene):
+def test_messages_stream_with_subgraphs_carries_only_the_chats_messages(scene):
     """Studio and chat UIs may stream with subgraphs on: still only the answer (the agent's
     turns and tool results stay internal), while updates still show the inner steps."""
     from langchain_core.callbacks import BaseCallbackHandler
@@ -179,7 +188,8 @@ def test_messages_stream_with_subgraphs_carries_only_the_answer(scene):
         )
     )
     messages = [(ns, c[0].type, c[0].content) for ns, mode, c in chunks if mode == "messages"]
-    assert messages == [((), "ai", "B")]
+    assert [(ns, t) for ns, t, _ in messages] == [((), "ai"), ((), "tool"), ((), "ai")]
+    assert messages[-1][2] == "B"  # the zoom as the chat shows it, then the answer
     inner = {next(iter(c)) for ns, mode, c in chunks if mode == "updates" and ns}
     assert {"judge", "agent", "tools"} <= inner  # the inner run is still visible as updates
     # callbacks and tracing still see every model call, inside one run tree

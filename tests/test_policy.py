@@ -123,7 +123,7 @@ def test_the_served_graph_is_strict(monkeypatch, tmp_path, scene):
     import speceyes_graph.integrations.studio as studio
 
     studio = importlib.reload(studio)
-    g = studio.graph
+    g = studio.served_graph("speceyes")
     refused = g.invoke({"question": "What is the color of the large circle?", "images": [scene]})
     assert "local file paths are not accepted" in refused["error"]
     ok = g.invoke({"question": "What is the color of the square?", "images": [data_url(scene)]})

@@ -25,7 +25,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from helpers import deepeyes_agent, judge, speculator
 from speceyes_graph import SpeculationOptions, create_speceyes_graph
-from speceyes_graph.integrations.compose import create_speceyes_chat_graph
+from speceyes_graph.integrations.chat import create_speceyes_chat_graph
 from speceyes_tools import ImageStore
 from speceyes_tools.blobs import MemoryBlobs
 

@@ -451,8 +451,9 @@ def test_the_servers_context_length_bounds_the_question(scene4k):
 
 def test_servers_loading_serve_py_per_graph_id_build_the_graphs_once():
     """langgraph.json names speceyes_graph/serve.py for each graph id, and a server executes
-    that file once per id: the graphs (and the models behind them) must come out the same
-    objects, built once per process."""
+    that file once per id, at start: loading it builds nothing (no model, no torch), and its
+    factories give the same graphs (and the models behind them), built once per process on
+    first use, whichever copy of the file is asked."""
     import json
     import os
     import subprocess
@@ -466,10 +467,16 @@ def test_servers_loading_serve_py_per_graph_id_build_the_graphs_once():
     }
     assert paths == {"./speceyes_graph/serve.py"}
     code = (
-        "import runpy, sys\n"
+        "import asyncio, runpy, sys\n"
         f"a = runpy.run_path({str(root / 'speceyes_graph/serve.py')!r})\n"
         f"b = runpy.run_path({str(root / 'speceyes_graph/serve.py')!r})\n"
-        "assert a['graph'] is b['graph'] and a['chat_graph'] is b['chat_graph']\n"
+        "from speceyes_graph.integrations import studio\n"
+        "assert not studio._built and 'torch' not in sys.modules, 'built at import'\n"
+        "async def both(name):\n"
+        "    return await asyncio.gather(a[name](), b[name](), a[name]())\n"
+        "for name in ('graph', 'chat_graph'):\n"
+        "    x, y, z = asyncio.run(both(name))\n"
+        "    assert x is y is z, name\n"
         "print('once')\n"
     )
     done = subprocess.run(

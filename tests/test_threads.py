@@ -161,7 +161,8 @@ def test_state_and_checkpoints_hold_no_pixels(storage, tmp_path):
         reply = talk.invoke(pasted_turn(data_url, text), ccfg)["messages"][-1]
         assert reply.content == answer
     human = talk.get_state(ccfg).values["messages"][0]
-    assert human.content[1]["url"].startswith("blob://")  # the pasted block, as a reference
+    # the pasted block, as a thumbnail naming its stored image
+    assert human.content[1]["metadata"]["speceyes_image"].startswith("blob://")
     rows = saver_rows(storage[0])
     assert {r.channel for r in rows} >= {"images", "messages"}  # the input's rows are there
     assert not leaks(rows), describe(leaks(rows))
@@ -212,7 +213,7 @@ def test_the_chat_graph_follow_up_on_another_worker(storage, scene):
     assert first["route"] == "judged-agentic" and first["messages"][-1].content == "B"
     second = chat(second_store).invoke({"messages": [HumanMessage(content="big?")]}, cfg)
     assert second["error"] is None and second["route"] == "speculative"
-    assert [m.type for m in second["messages"]] == ["human", "ai", "human", "ai"]
+    assert [m.type for m in second["messages"]] == ["human", "ai", "tool", "ai", "human", "ai"]
     assert second_store.cache.decodes == 1  # it decoded the pasted image from the shared blobs
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "decode_image",
     "encode_image",
     "encode_png",
+    "thumbnail",
     "exif_orientation",
     "read_header",
     "sniff_mime",
@@ -83,6 +84,19 @@ def encode_image(arr: np.ndarray, fmt: str = "PNG", quality: int = 92) -> str:
     buf = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(arr)).save(buf, format="JPEG", quality=quality)
     return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def thumbnail(arr: np.ndarray, longest: int = 64, quality: int = 75) -> str:
+    """A small JPEG of an RGB array, base64: what a chat message keeps so the person still
+    sees the picture they sent (a few KB; the image itself stays in the store). Area
+    resampling straight from the array: no full-size copy."""
+    import cv2
+
+    h, w = arr.shape[:2]
+    scale = min(1.0, longest / max(h, w, 1))
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    small = cv2.resize(arr, size, interpolation=cv2.INTER_AREA) if scale < 1 else arr
+    return encode_image(small, "JPEG", quality)
 
 
 _MAGIC = [

@@ -54,6 +54,7 @@ class Signature:
     reader: str | None
     needs: str
     linear: bool = False  # samples are scene-linear light (shown through the sRGB curve)
+    document: bool = False  # a document (PDF), recognised to name it, not an image
 
 
 # --- sizes, from the headers ------------------------------------------------------------------
@@ -198,6 +199,7 @@ class _Kind:
     size: Callable[[bytes], tuple[int, int] | None] = lambda data: None
     reader: str | None = None
     linear: bool = False
+    document: bool = False
 
 
 _HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"mif1", b"msf1"}
@@ -334,7 +336,12 @@ _KINDS = [
         _svgz,
         "a vector renderer; this server reads raster images only (send it as PNG)",
     ),
-    _Kind("PDF", lambda d: d.startswith(b"%PDF"), "a document renderer (send its pages as images)"),
+    _Kind(
+        "PDF",
+        lambda d: d.startswith(b"%PDF"),
+        "a document renderer (send its pages as images)",
+        document=True,
+    ),
     _Kind(
         "XCF (GIMP)",
         lambda d: d.startswith(b"gimp xcf "),
@@ -383,7 +390,7 @@ def identify(data: bytes) -> Signature | None:
                 {"AVIF": "avif", "JPEG 2000": "jpg_2000", "WebP": "webp"}[kind.format]
             ):
                 needs = "Pillow and OpenCV both failed on it, so it is corrupt or a variant neither reads"
-            return Signature(kind.format, kind.size(data), reader, needs, kind.linear)
+            return Signature(kind.format, kind.size(data), reader, needs, kind.linear, kind.document)
     return None
 
 

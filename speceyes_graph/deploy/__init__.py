@@ -4,8 +4,9 @@ The repository's ``langgraph.json`` names ``./speceyes_graph/serve.py``, a path 
 has. The shipped ``langgraph.json`` names the graphs by module (``speceyes_graph.serve:graph``),
 which ``langgraph dev``, ``langgraph build`` and LangGraph Platform import from wherever the
 package is installed; Aegra loads graphs by file path only, so its config is written with
-the path of the installed ``serve.py``. Either way the models are built once per process
-(``speceyes_graph/serve.py``).
+the path of the installed ``serve.py``. Either way the graphs are factories that build the
+models once per process, on first use (``speceyes_graph/serve.py``); both configs name the
+image route too (:mod:`speceyes_graph.deploy.routes`).
 """
 
 from __future__ import annotations
@@ -29,16 +30,21 @@ def langgraph_config() -> dict[str, Any]:
 
 
 def aegra_config() -> dict[str, Any]:
-    """An ``aegra.json``: the same graphs, by the file path of this install's ``serve.py``."""
-    # located, not imported: importing serve.py builds the served models
-    spec = importlib.util.find_spec("speceyes_graph.serve")
-    assert spec is not None and spec.origin is not None  # a module of this package
-    serve_py = Path(spec.origin).resolve()
+    """An ``aegra.json``: the same graphs and routes, by the file paths of this install's
+    ``serve.py`` and ``deploy/routes.py``."""
+    serve_py, routes_py = _module_file("speceyes_graph.serve"), _module_file(__name__ + ".routes")
     graphs = {
         graph_id: f"{serve_py}:{spec['path'].rsplit(':', 1)[1]}"
         for graph_id, spec in langgraph_config()["graphs"].items()
     }
-    return {"graphs": graphs}
+    return {"graphs": graphs, "http": {"app": f"{routes_py}:app"}}
+
+
+def _module_file(module: str) -> Path:
+    """Where a module of this package is, located without importing it."""
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None  # a module of this package
+    return Path(spec.origin).resolve()
 
 
 def write_server_configs(folder: str | Path, *, overwrite: bool = False) -> list[Path]:

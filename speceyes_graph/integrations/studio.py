@@ -49,9 +49,11 @@ LangGraph CLI loads this file by path.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
+import threading
 from typing import Any
 
 from speceyes_graph.gate.keys import ENV as GATE_KEY_ENV
@@ -59,7 +61,7 @@ from speceyes_graph.gate.keys import GateKeys
 from speceyes_graph.gate.online import DEFAULT_WINDOW, OnlineGate, read_evidence
 from speceyes_graph.gate.separability import GateConfig
 from speceyes_graph.graph import create_speceyes_graph
-from speceyes_graph.integrations.compose import create_speceyes_chat_graph
+from speceyes_graph.integrations.chat import create_speceyes_chat_graph
 from speceyes_tools.blobs import blobs_from_url
 from speceyes_tools.images import ImagePolicy, ImageStore
 
@@ -178,8 +180,13 @@ def make_graph():
     return _served(create_speceyes_graph, served_models(), "speceyes")
 
 
+IMAGE_ROUTE = "/speceyes/images/{digest}?thread_id={thread_id}"
+"""Where the served chat's thumbnails say the person's image is (``speceyes_graph.deploy.routes``)."""
+
+
 def make_chat_graph():
-    return _served(create_speceyes_chat_graph, served_models(), "speceyes_chat")
+    models = {**served_models(), "image_url": IMAGE_ROUTE}
+    return _served(create_speceyes_chat_graph, models, "speceyes_chat")
 
 
 def online_gate(gate: GateConfig) -> OnlineGate:
@@ -256,8 +263,34 @@ def make_example_graph():
     return _served(create_speceyes_graph, example_models(), "speceyes_example")
 
 
-graph = make_graph()
-chat_graph = make_chat_graph()
-example_graph = make_example_graph()
-online_graph = make_online_graph()
-agent_graph = make_agent_graph()
+BUILDERS = {
+    "speceyes": make_graph,
+    "speceyes_chat": make_chat_graph,
+    "speceyes_example": make_example_graph,
+    "speceyes_online": make_online_graph,
+    "speceyes_agent": make_agent_graph,
+}
+"""How each served graph is built, by graph id."""
+
+_built: dict[str, Any] = {}
+_building = threading.Lock()
+
+
+def served_graph(graph_id: str) -> Any:
+    """The served graph of ``graph_id``, built on first use and then the same object: a
+    server imports the graphs' file at start, before it answers anything, so nothing heavy
+    (the models) is built there (``serve.py`` names these as graph factories)."""
+    graph = _built.get(graph_id)
+    if graph is None:
+        with _building:  # two first requests build it once
+            graph = _built.get(graph_id)
+            if graph is None:
+                graph = _built[graph_id] = BUILDERS[graph_id]()
+    return graph
+
+
+async def aserved_graph(graph_id: str) -> Any:
+    """:func:`served_graph` for a server's event loop: the first build (the models: seconds)
+    runs in a worker thread, so the server keeps answering meanwhile."""
+    graph = _built.get(graph_id)
+    return graph if graph is not None else await asyncio.to_thread(served_graph, graph_id)

@@ -1,6 +1,6 @@
 """A chat turn read as a SpecEyes query: question, options and images from messages.
 
-The chat graph (:func:`~speceyes_graph.integrations.compose.create_speceyes_chat_graph`) and the
+The chat graph (:func:`~speceyes_graph.integrations.chat.create_speceyes_chat_graph`) and the
 middleware in front of a LangChain agent
 (:class:`~speceyes_graph.integrations.middleware.SpecEyesMiddleware`) both take their query from the last
 human message of a conversation: its text is the question, an ``Options:`` line in it starts
@@ -17,6 +17,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage, convert_to_messages
 
+from speceyes_tools.attachments import read_attachment
 from speceyes_tools.images import ImageStore
 
 from ..messages import dehydrate, image_ref
@@ -79,20 +80,22 @@ def split_options(text: str) -> tuple[str, list[str] | None]:
 
 
 def image_blocks_of(message: BaseMessage) -> list[dict[str, Any]]:
-    """A message's image blocks (LangChain standard ``image`` or OpenAI ``image_url``)."""
+    """A message's images: blocks of any shape a chat client sends
+    (:func:`~speceyes_tools.attachments.read_attachment`), files holding an image too."""
     content = message.content if isinstance(message.content, list) else []
-    return [b for b in content if isinstance(b, dict) and b.get("type") in ("image", "image_url")]
+    return [b for b in content if isinstance(b, dict) and _block_reference(b)]
 
 
 def _block_reference(block: dict[str, Any]) -> str | None:
-    """The reference an image block points at: a ``blob://`` key, a URL (``data:`` too)."""
-    ref = image_ref(block)
-    if ref:
-        return ref
-    if block.get("type") == "image_url":
-        url = block.get("image_url")
-        return url.get("url") if isinstance(url, dict) else url
-    return block.get("url")
+    """The reference an image block points at: a ``blob://`` key (a pasted image, moved into
+    the store as the turn came in), a URL (``data:`` too) or a path."""
+    key = image_ref(block)
+    if key:
+        return key
+    found = read_attachment(block)
+    if found is None or not found.location or not found.is_image:
+        return None
+    return found.location
 
 
 def turn_images(messages: Sequence[BaseMessage]) -> list[str]:
