@@ -50,6 +50,7 @@ __all__ = [
     "Protocol",
     "accepts_image_refs",
     "bare_model",
+    "block_metadata",
     "dehydrate",
     "for_model",
     "hydrate",
@@ -122,10 +123,8 @@ def image_ref(block: Any) -> str | None:
         return None
     if is_blob_key(block.get("url")):
         return str(block["url"])
-    metadata = block.get("metadata")
-    if isinstance(metadata, dict) and is_blob_key(metadata.get(STORED)):
-        return str(metadata[STORED])
-    return None
+    stored = block_metadata(block).get(STORED)
+    return str(stored) if is_blob_key(stored) else None
 
 
 def reference_block(key: str, mime_type: str | None = None, name: str | None = None) -> dict:
@@ -273,8 +272,13 @@ NOT_READ = "speceyes_not_read"
 
 
 def _not_read(block: Any) -> bool:
+    return bool(block_metadata(block).get(NOT_READ))
+
+
+def block_metadata(block: Any) -> dict[str, Any]:
+    """A content block's ``metadata`` (LangChain JS's place for a file's name), else {}."""
     metadata = block.get("metadata") if isinstance(block, dict) else None
-    return isinstance(metadata, dict) and bool(metadata.get(NOT_READ))
+    return metadata if isinstance(metadata, dict) else {}
 
 
 UNREADABLE_NOTE = "[An image here could not be read: "

@@ -225,3 +225,29 @@ def test_a_pasted_photo_leaves_a_thumbnail_of_a_few_kb_in_the_thread(tmp_path):
     turn(graph, "t", TINY, shapes(png)["langchain-js-v1 (agent-chat-ui)"])
     turn(graph, "t", "And the big one?")
     assert len(checkpoints_json(graph, "t")) < 60_000 and len(png) > 5_000_000
+
+
+async def test_each_zoom_reaches_the_messages_stream_as_it_happens(scene):
+    """The tool call and its result are on the chat's messages stream while the agent is
+    still working (as a server streams: ``astream``): the consumer sees the zoom's result
+    before the agent's next turn has answered. Before, the steps came only with the answer,
+    at the end of the turn."""
+    calls = []
+    zoom = deepeyes_agent(answer="B")
+
+    def agent(messages):
+        calls.append(len(messages))
+        return zoom.respond(messages)
+
+    graph = chat(agent=ScriptedChatModel(respond=agent, delay_s=0.5))
+    png = open(scene, "rb").read()
+    message = {"role": "user", "content": [{"type": "text", "text": TINY}, shapes(png)["openai string"]]}  # fmt: skip
+    seen = []  # (message type, agent turns answered by then)
+    async for chunk, _ in graph.astream(
+        {"messages": [message]}, {"configurable": {"thread_id": "t"}}, stream_mode="messages"
+    ):
+        seen.append((chunk.type, len(calls)))
+    assert [kind for kind, _ in seen] == ["ai", "tool", "ai"]  # each once
+    assert seen[1] == ("tool", 1)  # the zoom's result, while the agent's next turn runs
+    state = (await graph.aget_state({"configurable": {"thread_id": "t"}})).values
+    assert [m.type for m in state["messages"]] == ["human", "ai", "tool", "ai"]

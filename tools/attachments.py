@@ -90,7 +90,7 @@ def read_attachment(block: Any) -> Attachment | None:
         block = _translated(block)
     elif "file" in block and isinstance(block["file"], dict):  # OpenAI's file shape
         block = {**_translated(block), "mime_type": None}  # its "application/pdf" is a guess
-    kind = block.get("type") if block.get("type") in _KINDS else "file"
+    kind: Any = block.get("type") if block.get("type") in _KINDS else "file"
     mime = block.get("mime_type") or block.get("mimeType")
     mime = mime if isinstance(mime, str) else None
     inline = block.get("base64") if block.get("base64") is not None else block.get("data")

@@ -28,12 +28,15 @@ import re
 from collections.abc import Sequence
 from typing import Annotated, Any
 from urllib.parse import quote
+from uuid import UUID
 
+from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import set_config_context
 from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
-from langgraph.graph.message import add_messages
+from langgraph.graph.message import add_messages, push_message
 from typing_extensions import TypedDict
 
 from speceyes_tools.codec import thumbnail
@@ -47,6 +50,7 @@ from ..messages import (
     NOT_READ,
     STORED,
     UNREADABLE_NOTE,
+    block_metadata,
     dehydrate,
     image_ref,
     is_unreadable,
@@ -122,9 +126,8 @@ def _names(message: BaseMessage) -> list[str]:
     content = message.content if isinstance(message.content, list) else []
     names = []
     for block in content:
-        if image_ref(block) and isinstance(block, dict):
-            metadata = block.get("metadata") if isinstance(block.get("metadata"), dict) else {}
-            names.append(str(metadata.get("name") or "your image"))
+        if image_ref(block):
+            names.append(str(block_metadata(block).get("name") or "your image"))
     return names
 
 
@@ -137,17 +140,17 @@ def _displayed(
     failed: list[str] = []
     not_images: list[str] = []
     content: list[Any] = []
-    for block in message.content if isinstance(message.content, list) else [message.content]:
+    blocks: list[Any] = message.content if isinstance(message.content, list) else [message.content]
+    for block in blocks:
         key = image_ref(block)
         if key is None:
-            metadata = block.get("metadata") if isinstance(block, dict) else None
-            if isinstance(metadata, dict) and metadata.get(NOT_READ):
-                not_images.append(str(metadata.get("filename")))
+            if block_metadata(block).get(NOT_READ):
+                not_images.append(str(block_metadata(block).get("filename")))
             elif is_unreadable(block):
                 failed.append(block["text"].removeprefix(UNREADABLE_NOTE).rstrip("]"))
             content.append(block)
             continue
-        metadata = dict(block.get("metadata") or {})
+        metadata = dict(block_metadata(block))
         name = metadata.get("name") or "your image"
         try:
             data = thumbnail(store.get(key), THUMBNAIL_SIDE)
@@ -209,39 +212,91 @@ def step_messages(agent_messages: Sequence[BaseMessage], store: ImageStore) -> l
     """The agent loop's tool calls and results as a chat shows them: each calling turn as an
     AI message with its reasoning and ``tool_calls``, each result as a tool message with its
     text, and the crop it returned as a thumbnail in the tool message's ``artifact`` (never
-    sent to a model). The loop's own prompt, corrections and final turn are left out."""
-    shown: list[BaseMessage] = []
-    for message in agent_messages:
-        if isinstance(message, AIMessage) and message.tool_calls:
-            shown.append(
-                AIMessage(content=_thinking(message_text(message)), tool_calls=message.tool_calls)
-            )
-        elif isinstance(message, ToolMessage):
-            blocks = message.content if isinstance(message.content, list) else [message.content]
-            text = " ".join(b if isinstance(b, str) else b.get("text", "") for b in blocks)
-            artifact = dict(message.artifact) if isinstance(message.artifact, dict) else {}
-            artifact.pop("image", None)  # where the tool read from: the store's business
-            crops = [k for k in map(image_ref, blocks) if k]
-            if crops:
-                try:
-                    artifact["crop"] = {
-                        "type": "image",
-                        "mimeType": "image/jpeg",
-                        "data": thumbnail(store.get(crops[0]), 2 * THUMBNAIL_SIDE),
-                        "metadata": {STORED: crops[0]},
-                    }
-                except ImageLoadError:
-                    pass  # the crop is gone from the store: the text still says what it was
-            shown.append(
-                ToolMessage(
-                    content=text.strip() or "(image)",
-                    tool_call_id=message.tool_call_id,
-                    name=message.name,
-                    artifact=artifact or None,
-                    status=message.status,
-                )
-            )
-    return shown
+    sent to a model). The loop's own prompt, corrections and final turn are left out. Ids
+    follow the tool calls', so a step streamed as it happened and the same step in the
+    turn's final messages are one message to a client that merges by id (``useStream``)."""
+    return [shown for m in agent_messages if (shown := _shown_step(m, store)) is not None]
+
+
+def _shown_step(message: BaseMessage, store: ImageStore) -> BaseMessage | None:
+    if isinstance(message, AIMessage) and message.tool_calls:
+        return AIMessage(
+            content=_thinking(message_text(message)),
+            tool_calls=message.tool_calls,
+            id=f"speceyes-call-{message.tool_calls[0]['id']}",
+        )
+    if not isinstance(message, ToolMessage):
+        return None
+    blocks = message.content if isinstance(message.content, list) else [message.content]
+    text = " ".join(b if isinstance(b, str) else str(b.get("text", "")) for b in blocks)
+    artifact = dict(message.artifact) if isinstance(message.artifact, dict) else {}
+    artifact.pop("image", None)  # where the tool read from: the store's business
+    crops = [k for k in map(image_ref, blocks) if k]
+    if crops:
+        try:
+            artifact["crop"] = {
+                "type": "image",
+                "mimeType": "image/jpeg",
+                "data": thumbnail(store.get(crops[0]), 2 * THUMBNAIL_SIDE),
+                "metadata": {STORED: crops[0]},
+            }
+        except ImageLoadError:
+            pass  # the crop is gone from the store: the text still says what it was
+    return ToolMessage(
+        content=text.strip() or "(image)",
+        tool_call_id=message.tool_call_id,
+        name=message.name,
+        artifact=artifact or None,
+        status=message.status,
+        id=f"speceyes-result-{message.tool_call_id}",
+    )
+
+
+class StepsAsTheyHappen(BaseCallbackHandler):
+    """Puts the agent's steps on the chat's own messages stream as each agent node ends,
+    so a chat UI shows each zoom as it happens (the inner run is kept off that stream:
+    :func:`~speceyes_graph.integrations.compose.run_unstreamed`). ``push_message`` is
+    LangGraph's way to stream a message a node has not returned yet; it is called in the
+    chat node's own config, so the steps stream in the chat's namespace."""
+
+    run_inline = True  # in the node's own thread or loop, in order
+
+    def __init__(self, chat_config: RunnableConfig, store: ImageStore):
+        self.chat_config, self.store = chat_config, store
+        self.nodes: set[UUID] = set()
+
+    def on_chain_start(
+        self,
+        serialized: dict[str, Any] | None,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if metadata and kwargs.get("name") == metadata.get("langgraph_node"):
+            self.nodes.add(run_id)  # a node's run, not a runnable inside one
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        if run_id not in self.nodes:
+            return
+        self.nodes.discard(run_id)
+        written = outputs.get("messages") if isinstance(outputs, dict) else None
+        shown = step_messages(written if isinstance(written, list) else [], self.store)
+        if shown:
+            with set_config_context(self.chat_config) as chat_node:
+                for message in shown:  # the node's return keeps them: no state write here
+                    chat_node.run(push_message, message, state_key=None)
+
+
+def _with_handler(config: RunnableConfig, handler: BaseCallbackHandler) -> RunnableConfig:
+    callbacks = config.get("callbacks")
+    if isinstance(callbacks, BaseCallbackManager):
+        callbacks = callbacks.copy()
+        callbacks.add_handler(handler, inherit=True)
+    else:
+        callbacks = [*(callbacks or []), handler]
+    return {**config, "callbacks": callbacks}
 
 
 # --- the graph ---------------------------------------------------------------------------------
@@ -288,8 +343,9 @@ def create_speceyes_chat_graph(
         # question is in the messages), and a resumed turn runs the query again from intake.
         # `speceyes` itself stays the subgraph that xray drawings and Studio show.
         run = speceyes.copy(update={"checkpointer": False})
+        relay = StepsAsTheyHappen(config, store)
         try:
-            out = yield from run_unstreamed(run, query, config)
+            out = yield from run_unstreamed(run, query, _with_handler(config, relay))
         except GraphBubbleUp:  # an interrupt, a cancellation: LangGraph's to handle
             raise
         except Exception as exc:  # the run's own failure: the thread says so, and goes on
