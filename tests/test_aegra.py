@@ -474,9 +474,10 @@ def test_a_create_call_lost_on_the_connection_is_not_sent_again(cluster, plan):
 
 
 def test_the_chat_answer_streams_on_messages_tuple(cluster, plan):
-    """A chat client's ``messages-tuple`` stream carries the answer, and only it (the graph's
-    own model calls are not streamed), on Aegra as on ``langgraph dev``; Aegra labels the
-    chunk ``AIMessageChunk`` where ``langgraph dev`` says ``ai``."""
+    """A chat client's ``messages-tuple`` stream carries the agent's zooms as a chat shows
+    them and the answer, and nothing else (the graph's own model calls are not streamed), on
+    Aegra as on ``langgraph dev``; Aegra labels a chunk ``AIMessageChunk`` where
+    ``langgraph dev`` says ``ai``."""
     from langgraph_sdk import get_sync_client
 
     client = get_sync_client(url=cluster.url(0))
@@ -492,10 +493,14 @@ def test_the_chat_answer_streams_on_messages_tuple(cluster, plan):
         )
     )
     messages = [c.data[0] for c in chunks if c.event.startswith("messages")]
-    assert [(m["type"], m["content"]) for m in messages] == [("AIMessageChunk", expected)]
+    assert (messages[-1]["type"], messages[-1]["content"]) == ("AIMessageChunk", expected)
+    for step in messages[:-1]:  # the zooms: tool calls and their results, no protocol text
+        assert step.get("tool_calls") or step.get("tool_call_id"), step
+        assert "<" not in str(step["content"])
     assert any(c.event.startswith("updates|") for c in chunks)  # subgraphs' steps too
-    # the streamed chunk is the thread's answer message: clients merge the two by id
-    assert client.threads.get_state(tid)["values"]["messages"][-1]["id"] == messages[0]["id"]
+    # the streamed chunks are the thread's messages of the turn: clients merge them by id
+    turn = client.threads.get_state(tid)["values"]["messages"][1:]
+    assert [m["id"] for m in turn] == [m["id"] for m in messages]
 
 
 def test_the_cluster_database_holds_no_pixels(cluster, plan):
@@ -522,6 +527,18 @@ def test_the_cluster_database_holds_no_pixels(cluster, plan):
     assert not leaks(rows), describe(leaks(rows))
     history = client.threads.get_history(threads[1], limit=50)
     assert "data:image" not in str(history) and "iVBOR" not in str(history)
+    # the chat's image, served by the other instance from the shared blobs, to the thread's
+    # readers (speceyes_graph.deploy.routes), and to no one asking with another thread
+    import httpx
+
+    shown = client.threads.get_state(threads[1])["values"]["messages"][0]["content"]
+    url = next(b["metadata"]["url"] for b in shown if b.get("type") == "image")
+    image = httpx.get(cluster.url(1) + url, timeout=30)
+    assert image.status_code == 200 and image.headers["content-type"] == "image/png"
+    sent = base64.b64decode(plan[1][0][1]["messages"][0]["content"][-1]["image_url"]["url"].split(",")[1])
+    assert image.content == sent
+    stranger = url.split("thread_id=")[0] + "thread_id=" + threads[0]
+    assert httpx.get(cluster.url(1) + stranger, timeout=30).status_code == 404
     print(f"\nAegra's records holding a pasted image (rows, largest bytes): {others}")
 
 
