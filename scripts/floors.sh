@@ -70,6 +70,7 @@ say "tests"
   tests/test_graph.py tests/test_middleware.py tests/test_agent_loop.py \
   tests/test_agent_fallback.py tests/test_tools.py tests/test_chat_model.py \
   tests/test_standard.py tests/test_async.py tests/test_families.py tests/test_compose.py \
+  tests/test_chat.py \
   tests/test_toolsets.py tests/test_protocol.py tests/test_settings.py tests/test_store.py \
   tests/test_threads.py tests/test_policy.py tests/test_retry.py tests/test_online_graph.py \
   tests/test_formats.py tests/test_decoding.py tests/test_orientation.py tests/test_progress.py \

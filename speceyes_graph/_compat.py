@@ -15,6 +15,11 @@ from typing import Any
 
 from langchain_core.callbacks import BaseCallbackManager
 
+# The config key under which a graph run inside a node finds its caller's stream, and
+# LangGraph's handler of stream_mode="messages" (see without_values_stream and
+# without_messages_stream)
+from langgraph._internal._constants import CONFIG_KEY_STREAM
+
 # LangGraph's own node runnable: a sync and an async function in one node, ``config`` and
 # ``runtime`` injected as for a function node, and no traced run of its own (LangGraph's node
 # run is the trace). The public ``RunnableLambda(func, afunc)`` takes both functions but
@@ -24,9 +29,8 @@ from langchain_core.callbacks import BaseCallbackManager
 from langgraph._internal._runnable import RunnableCallable
 from langgraph.channels import EphemeralValue
 from langgraph.constants import START
-
-# LangGraph's handler of stream_mode="messages" (see without_messages_stream)
 from langgraph.pregel._messages import StreamMessagesHandler
+from langgraph.pregel.protocol import StreamProtocol
 
 __all__ = [
     "NO_VALUE",
@@ -35,6 +39,7 @@ __all__ = [
     "cache_content_block_types",
     "set_input_channel",
     "without_messages_stream",
+    "without_values_stream",
 ]
 
 
@@ -56,6 +61,26 @@ def without_messages_stream(callbacks: Any) -> Any:
     if isinstance(callbacks, list):
         return [h for h in callbacks if not isinstance(h, StreamMessagesHandler)]
     return callbacks
+
+
+def without_values_stream(config: Any) -> Any:
+    """``config`` for a graph run inside a node whose state must not reach the caller's
+    ``values`` stream (with subgraphs), while ``updates``, ``custom`` and the rest still do.
+
+    A chat UI on LangGraph's ``useStream`` (agent-chat-ui streams with subgraphs) takes every
+    namespaced ``values`` event for the thread's state, unless the namespace starts with
+    ``tools:``: the chat's inner SpecEyes state, which has no ``messages``, blanked the
+    conversation on screen until the run ended. No public setting keeps one nested run out of
+    one stream mode; the nested run finds the caller's stream under ``CONFIG_KEY_STREAM`` and
+    sends it the modes it lists, so a copy that lists all but ``values`` does it. A per-call
+    choice of the modes a subgraph streams upward, or ``useStream`` keeping to the root's
+    values, would remove this (no upstream issue found)."""
+    configurable = config.get("configurable") or {}
+    stream = configurable.get(CONFIG_KEY_STREAM)
+    if stream is None or "values" not in stream.modes:
+        return config
+    kept = StreamProtocol(stream.__call__, stream.modes - {"values"})
+    return {**config, "configurable": {**configurable, CONFIG_KEY_STREAM: kept}}
 
 
 NO_VALUE: Any = EphemeralValue(object).value

@@ -207,8 +207,21 @@ def for_model(
     messages: Sequence[BaseMessage], model: Any, store: ImageStore | None = None
 ) -> list[BaseMessage]:
     """Messages as ``model`` takes them: references kept for a model that reads the store
-    (call it within ``store_scope(store)``), base64 for any other."""
-    return list(messages) if accepts_image_refs(model) else hydrate(messages, store)
+    (call it within ``store_scope(store)``), base64 for any other. What a chat keeps for
+    the person is sent as what it stands for: a thumbnail as its stored image, a file that
+    was not read as a note saying so."""
+    messages = [_map_images(m, _as_sent) for m in messages]
+    return messages if accepts_image_refs(model) else hydrate(messages, store)
+
+
+def _as_sent(block: Any) -> Any:
+    key = image_ref(block)
+    if key is not None and block.get("url") != key:  # a thumbnail: the image it shows
+        return reference_block(key, None, block_metadata(block).get("name"))
+    if _not_read(block):
+        name = block_metadata(block).get("filename") or "a file"
+        return {"type": "text", "text": f"[{name}: {block_metadata(block)[NOT_READ]}, not read]"}
+    return block
 
 
 def in_frame(

@@ -251,3 +251,31 @@ async def test_each_zoom_reaches_the_messages_stream_as_it_happens(scene):
     assert seen[1] == ("tool", 1)  # the zoom's result, while the agent's next turn runs
     state = (await graph.aget_state({"configurable": {"thread_id": "t"}})).values
     assert [m.type for m in state["messages"]] == ["human", "ai", "tool", "ai"]
+
+
+def test_a_model_is_sent_the_stored_image_never_the_thumbnail(scene):
+    """What a chat keeps for the person (a thumbnail, a file it did not read) reaches any
+    model as what it stands for: the stored image (as a reference or its bytes), or a note."""
+    from langchain_core.messages import HumanMessage
+
+    from types import SimpleNamespace
+
+    from speceyes_graph.messages import for_model
+    from speceyes_tools.images import ImageStore
+
+    store = ImageStore()
+    png = open(scene, "rb").read()
+    key = store.put(png)
+    kept = HumanMessage(
+        content=[
+            {"type": "image", "mimeType": "image/jpeg", "data": "/9j/AAAA",
+             "metadata": {"name": "scene.png", "speceyes_image": key}},
+            {"type": "file", "mimeType": "application/pdf",
+             "metadata": {"filename": "report.pdf", "speceyes_not_read": "not an image"}},
+        ]
+    )  # fmt: skip
+    served = for_model([kept], speculator(), store)[0].content  # a model without refs
+    assert served[0]["base64"] == base64.b64encode(png).decode()
+    assert served[1] == {"type": "text", "text": "[report.pdf: not an image, not read]"}
+    local = for_model([kept], SimpleNamespace(accepts_image_refs=True), store)  # reads the store
+    assert local[0].content[0]["url"] == key

@@ -196,3 +196,38 @@ def test_content_block_types_are_computed_once_with_the_same_answer():
     thread.start()
     thread.join()
     assert seen[0].content[0] == {"type": "image_url", "image_url": {"url": "blob://abc"}}
+
+
+def test_a_nested_runs_values_reach_the_callers_stream_only_through_its_stream_key():
+    """An inner graph run inside a node, streamed with subgraphs: its ``values`` reach the
+    caller's stream, unless the inner run's config went through
+    :func:`~speceyes_graph._compat.without_values_stream`, which keeps its ``updates``."""
+
+    def write(state: _State) -> _State:
+        return {"answer": "inner"}
+
+    inner = StateGraph(_State)
+    inner.add_node("write", write)
+    inner.add_edge(START, "write")
+    inner_graph = inner.compile()
+
+    def streamed(filtered: bool) -> set[tuple[bool, str]]:
+        def run(state: _State, config: RunnableConfig) -> _State:
+            if filtered:
+                config = _compat.without_values_stream(config)
+            with set_config_context(config) as context:
+                context.run(inner_graph.invoke, {"question": "q"}, config)
+            return {"answer": "done"}
+
+        outer = StateGraph(_State)
+        outer.add_node("outer", run)
+        outer.add_edge(START, "outer")
+        chunks = outer.compile().stream(
+            {"question": "q"}, stream_mode=["values", "updates"], subgraphs=True
+        )
+        return {(bool(ns), mode) for ns, mode, _ in chunks}
+
+    both = {(False, "values"), (False, "updates"), (True, "values"), (True, "updates")}
+    assert streamed(filtered=False) == both
+    assert streamed(filtered=True) == both - {(True, "values")}
+    assert _compat.without_values_stream({}) == {}

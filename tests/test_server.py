@@ -113,9 +113,15 @@ def vllm_dev_server(tmp_path_factory, vllm_servers):
 @pytest.fixture(scope="module")
 def scenes(tmp_path_factory):
     """Demo scenes and what the same graph answers in this process (the reference)."""
+    return reference_scenes(tmp_path_factory.mktemp("scenes"))
+
+
+def reference_scenes(folder: Path) -> list[tuple[dict, dict]]:
+    """Six demo queries written to ``folder`` as (the plain graph's inputs, what the plain
+    graph answers in this process)."""
     from speceyes_graph.demo import demo_graph, demo_models, demo_queries
 
-    queries = demo_queries(tmp_path_factory.mktemp("scenes"), n=6, seed=7)
+    queries = demo_queries(folder, n=6, seed=7)
     models = demo_models(batch_size=1)  # the server runs one query at a time, too
     local = demo_graph(models["small"], models["large"]).compile()
     out = []

@@ -17,17 +17,20 @@ from langchain_core.runnables.config import ensure_config, set_config_context
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import BaseModel, Field
 
-from .._compat import without_messages_stream
+from .._compat import without_messages_stream, without_values_stream
 from ..effects import Steps, Subgraph, arun_steps, run_steps
 
 __all__ = ["gate_score", "run_unstreamed", "speceyes_tool"]
 
 
 def _without_message_stream(config: RunnableConfig) -> RunnableConfig:
-    """``config`` minus LangGraph's ``stream_mode="messages"`` handler, for the SpecEyes graph
-    run inside the chat graph: with ``subgraphs=True`` that handler would stream every message
-    the inner nodes write (the agent's turns, tool results). Tracing, user callbacks and the
+    """``config`` minus LangGraph's ``stream_mode="messages"`` handler and the caller's
+    ``values`` stream, for the SpecEyes graph run inside the chat graph: with
+    ``subgraphs=True`` the handler would stream every message the inner nodes write (the
+    agent's turns, tool results), and chat UIs take a subgraph's values for the thread's
+    (:func:`~speceyes_graph._compat.without_values_stream`). Tracing, user callbacks and the
     other stream modes (``updates``, ``custom``: the agent's steps) still see the inner run."""
+    config = without_values_stream(config)
     if config.get("callbacks") is None:
         return config
     return {**config, "callbacks": without_messages_stream(config["callbacks"])}
