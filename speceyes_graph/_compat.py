@@ -34,6 +34,7 @@ from langgraph.pregel.protocol import StreamProtocol
 
 __all__ = [
     "NO_VALUE",
+    "PUSHED_MESSAGES_KEEP_THE_GRAPH",
     "RunnableCallable",
     "StreamsWhenAsked",
     "cache_content_block_types",
@@ -81,6 +82,23 @@ def without_values_stream(config: Any) -> Any:
         return config
     kept = StreamProtocol(stream.__call__, stream.modes - {"values"})
     return {**config, "configurable": {**configurable, CONFIG_KEY_STREAM: kept}}
+
+
+def _langgraph_at_least(*wanted: int) -> bool:
+    from importlib.metadata import version
+
+    release = version("langgraph").split("+")[0].split(".")[:3]
+    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in release) >= wanted
+
+
+PUSHED_MESSAGES_KEEP_THE_GRAPH = _langgraph_at_least(1, 2, 19)
+"""Whether LangGraph's public ``push_message`` streams a node's message in the node's own
+graph. From langgraph 1.2.19 it does; before, it labelled the message with the node's task
+as if a subgraph had sent it, so a root node's message reached only ``subgraphs=True``
+streams, under a namespace chat UIs do not show. The chat front pushes the agent's steps as
+they happen only where it does, and otherwise lets them come with the turn's answer
+(``tests/test_compat.py`` checks the flag against the behaviour). Raising the langgraph floor
+to 1.2.19 (which needs langchain-core 1.4.7) would remove this."""
 
 
 NO_VALUE: Any = EphemeralValue(object).value

@@ -231,3 +231,24 @@ def test_a_nested_runs_values_reach_the_callers_stream_only_through_its_stream_k
     assert streamed(filtered=False) == both
     assert streamed(filtered=True) == both - {(True, "values")}
     assert _compat.without_values_stream({}) == {}
+
+
+def test_push_message_streams_in_the_nodes_graph_where_the_flag_says_so():
+    """A root node's ``push_message``: streamed in the root namespace (a plain stream sees
+    it) exactly where :data:`~speceyes_graph._compat.PUSHED_MESSAGES_KEEP_THE_GRAPH` says
+    so; before langgraph 1.2.19 it came labelled with the node's task."""
+    from langgraph.graph.message import push_message
+
+    def node(state: _State) -> _State:
+        push_message(AIMessage("pushed", id="pushed-1"), state_key=None)
+        return {"answer": "done"}
+
+    graph = StateGraph(_State)
+    graph.add_node("node", node)
+    graph.add_edge(START, "node")
+    chunks = list(
+        graph.compile().stream({"question": "q"}, stream_mode="messages", subgraphs=True)
+    )
+    namespaces = [ns for ns, (message, _) in chunks if message.content == "pushed"]
+    assert len(namespaces) == 1
+    assert (namespaces[0] == ()) == _compat.PUSHED_MESSAGES_KEEP_THE_GRAPH

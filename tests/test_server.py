@@ -279,7 +279,8 @@ def test_chat_graph_through_the_server(server, scenes):
         ],
     }
     out = client.runs.wait(thread, "speceyes_chat", input={"messages": [message]})
-    assert [m["type"] for m in out["messages"]] == ["human", "ai"]
+    turn = [m["type"] for m in out["messages"]]  # the zooms, if any, then the answer
+    assert turn[0] == "human" and turn[-1] == "ai" and set(turn[1:-1]) <= {"ai", "tool"}
     assert out["messages"][-1]["content"] and out["error"] is None
     assert out["route"] in ("speculative", "judged-agentic", "rejected-agentic")
     state = client.threads.get_state(thread)["values"]
@@ -319,7 +320,11 @@ def test_the_chat_front_answers_every_demo_question_as_the_plain_graph(server, s
         )
 
 
-def test_the_chat_stream_with_subgraphs_carries_only_the_answer(server, scenes):
+def test_the_chat_stream_with_subgraphs_carries_the_zooms_and_the_answer(server, scenes):
+    """With subgraphs, as agent-chat-ui streams: the messages stream carries the agent's
+    zoom (a tool call and its result) and the answer, in the chat's own namespace, and
+    nothing of the inner run (the judge, raw agent turns); the inner run's state stays off
+    the values stream (a chat UI would take it for the thread's), its updates do not."""
     from langgraph_sdk import get_sync_client
 
     client = get_sync_client(url=server)
@@ -330,14 +335,17 @@ def test_the_chat_stream_with_subgraphs_carries_only_the_answer(server, scenes):
             thread,
             "speceyes_chat",
             input={"messages": [chat_message(inputs)]},
-            stream_mode=["messages-tuple", "updates"],
+            stream_mode=["messages-tuple", "updates", "values"],
             stream_subgraphs=True,
         )
     )
     messages = [c.data[0] for c in chunks if c.event.startswith("messages")]
-    assert [(m["type"], m["content"]) for m in messages] == [("ai", expected["answer"])]
+    assert all(c.event == "messages" for c in chunks if c.event.startswith("messages"))
+    assert [m["type"] for m in messages] == ["ai", "tool", "ai"]
+    assert messages[0]["tool_calls"] and messages[-1]["content"] == expected["answer"]
     inner = [c for c in chunks if c.event.startswith("updates|")]  # namespaced: a subgraph's
     assert any("agent" in c.data for c in inner)
+    assert all("messages" in c.data for c in chunks if c.event.startswith("values"))
 
 
 def test_the_middleware_agent_through_the_server(server, scenes):

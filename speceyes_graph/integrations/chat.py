@@ -43,6 +43,7 @@ from speceyes_tools.codec import thumbnail
 from speceyes_tools.images import ImageStore, default_store
 from speceyes_tools.sources import ImageLoadError
 
+from .._compat import PUSHED_MESSAGES_KEEP_THE_GRAPH
 from ..answers import extract_choice
 from ..effects import Blocking, Steps, node, router
 from ..graph.build import create_speceyes_graph
@@ -257,7 +258,9 @@ class StepsAsTheyHappen(BaseCallbackHandler):
     so a chat UI shows each zoom as it happens (the inner run is kept off that stream:
     :func:`~speceyes_graph.integrations.compose.run_unstreamed`). ``push_message`` is
     LangGraph's way to stream a message a node has not returned yet; it is called in the
-    chat node's own config, so the steps stream in the chat's namespace."""
+    chat node's own config, so the steps stream in the chat's namespace (on langgraph 1.2.19
+    and later: :data:`~speceyes_graph._compat.PUSHED_MESSAGES_KEEP_THE_GRAPH`; before, the
+    steps come with the turn's answer)."""
 
     run_inline = True  # in the node's own thread or loop, in order
 
@@ -278,7 +281,8 @@ class StepsAsTheyHappen(BaseCallbackHandler):
             self.nodes.add(run_id)  # a node's run, not a runnable inside one
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        if run_id not in self.nodes:
+        if run_id not in self.nodes or not PUSHED_MESSAGES_KEEP_THE_GRAPH:
+            self.nodes.discard(run_id)
             return
         self.nodes.discard(run_id)
         written = outputs.get("messages") if isinstance(outputs, dict) else None
