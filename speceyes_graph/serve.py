@@ -8,7 +8,12 @@ however many graph ids name them, and the same objects every call after the firs
 are absolute because the servers load this file by path.
 """
 
-from speceyes_graph.integrations.studio import aserved_graph
+from speceyes_graph.integrations.studio import (
+    aserved_graph,
+    warn_if_the_online_gate_cannot_be_shared,
+)
+
+warn_if_the_online_gate_cannot_be_shared()
 
 
 async def graph():

@@ -616,8 +616,8 @@ def browser_turn(chat_server, page_server, scenes, tmp_path_factory):
 
 @pytest.mark.browser
 def test_the_use_stream_page_in_chromium(browser_turn):
-    """The page answers as the graph does, shows the agent's tool calls and tool results,
-    and after a reload shows the thread again: the human message's image (the kept
+    """The page answers as the graph does, shows the agent's tool calls and tool results
+    (with the crop the model looked at), and after a reload shows the thread again: the human message's image (the kept
     thumbnail, as agent-chat-ui renders it), the answer, the tool calls. Set
     SPECEYES_CHAT_UI_SCREENSHOT=docs/images/chat-ui.png to refresh the documentation's
     picture."""
@@ -628,7 +628,10 @@ def test_the_use_stream_page_in_chromium(browser_turn):
     humans = [m for m in after["messages"] if m["kind"] == "human-message"]
     assert humans and humans[0]["images"][0]["naturalWidth"] > 0, after
     assert any(m["tool_calls"] for m in after["messages"]), after
-    assert any(m["kind"] == "tool-message" for m in after["messages"]), after
+    tools = [m for m in after["messages"] if m["kind"] == "tool-message"]
+    assert tools, after
+    # the crop the model looked at (the tool message's artifact), rendered
+    assert any(i["naturalWidth"] > 0 for m in tools for i in m["images"]), tools
     assert browser_turn["screenshot"].stat().st_size > 0
 
 

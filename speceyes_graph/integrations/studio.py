@@ -189,14 +189,11 @@ def make_chat_graph():
     return _served(create_speceyes_chat_graph, models, "speceyes_chat")
 
 
-def online_gate(gate: GateConfig) -> OnlineGate:
-    """The served online gate, from the environment: it scores drafts as the served gate
-    does and starts guarded (accepting nothing, or from a gate file's evidence)."""
-    shadow_rate, warmup, evidence = (
-        env(name, "") for name in
-        ("SPECEYES_SHADOW_RATE", "SPECEYES_GATE_WARMUP", "SPECEYES_GATE_EVIDENCE")
-    )  # fmt: skip
-    if GateKeys.from_env() is None:  # said when the graph loads, not at the first run
+@functools.cache  # once per process, however many graph ids load serve.py
+def warn_if_the_online_gate_cannot_be_shared() -> None:
+    """Said when a server loads the graphs (``serve.py``), not at the first run: without
+    ``SPECEYES_GATE_KEY`` each worker's online gate learns alone."""
+    if GateKeys.from_env() is None:
         log.warning(
             "speceyes_online: %s is not set, so the online gate cannot sign entries in the "
             "server's store: each worker keeps its own gate, learning from its own traffic "
@@ -204,6 +201,15 @@ def online_gate(gate: GateConfig) -> OnlineGate:
             "secret on every worker to share one (docs/deployment.md)",
             GATE_KEY_ENV, GATE_KEY_ENV,
         )  # fmt: skip
+
+
+def online_gate(gate: GateConfig) -> OnlineGate:
+    """The served online gate, from the environment: it scores drafts as the served gate
+    does and starts guarded (accepting nothing, or from a gate file's evidence)."""
+    shadow_rate, warmup, evidence = (
+        env(name, "") for name in
+        ("SPECEYES_SHADOW_RATE", "SPECEYES_GATE_WARMUP", "SPECEYES_GATE_EVIDENCE")
+    )  # fmt: skip
     return OnlineGate(
         float(env("SPECEYES_MAX_RISK", "0.02")),
         float(shadow_rate) if shadow_rate else None,

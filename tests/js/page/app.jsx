@@ -97,10 +97,22 @@ function AIMessage({ message }) {
 }
 
 function ToolMessage({ message }) {
+  // the crop the model looked at, where a tool message carries one (its artifact)
+  const crop = message.artifact?.crop;
   return (
     <div className="msg tool" data-testid="tool-message" data-message-id={message.id}>
       <div className="status">tool result · {message.name ?? "tool"}</div>
       {contentString(message.content)}
+      {crop?.data && crop?.mimeType ? (
+        <div>
+          <img
+            data-testid="tool-crop"
+            alt="what the model looked at"
+            src={`data:${crop.mimeType};base64,${crop.data}`}
+            style={{ width: 64, height: 64, objectFit: "cover", borderRadius: 4 }}
+          />
+        </div>
+      ) : null}
     </div>
   );
 }
