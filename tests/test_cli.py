@@ -141,6 +141,11 @@ def test_serve_config_writes_configs_that_name_the_installed_graphs(tmp_path, ca
     assert aegra["graphs"] == {
         g: f"{Path(serve.__file__).resolve()}:{v}" for g, v in variables.items()
     }
+    # the chat's image route beside the graphs, by module and by this install's file
+    from speceyes_graph.deploy import routes
+
+    assert shipped["http"] == {"app": "speceyes_graph.deploy.routes:app"}
+    assert aegra["http"] == {"app": f"{Path(routes.__file__).resolve()}:app"}
     for spec in shipped["graphs"].values():
         module, variable = spec["path"].split(":")
         assert getattr(__import__(module, fromlist=[variable]), variable) is not None

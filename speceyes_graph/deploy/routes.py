@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from urllib.parse import quote
 
 import httpx
 from starlette.applications import Starlette
@@ -37,7 +38,8 @@ async def image(request: Request) -> Response:
     host, port = request.scope.get("server") or ("127.0.0.1", 80)
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
     async with httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=30) as client:
-        state = await client.get(f"/threads/{thread}/state", headers=headers)
+        # the thread id quoted whole: a caller's "../" reaches no other endpoint
+        state = await client.get(f"/threads/{quote(thread, safe='')}/state", headers=headers)
     if state.status_code != 200 or key not in state.text:
         return PlainTextResponse("not found", status_code=404)  # the same for "not yours"
     from speceyes_graph.integrations.studio import served_store  # absolute: loaded by path
