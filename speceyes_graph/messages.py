@@ -51,6 +51,7 @@ __all__ = [
     "accepts_image_refs",
     "bare_model",
     "block_metadata",
+    "cannot_read",
     "dehydrate",
     "for_model",
     "hydrate",
@@ -320,16 +321,26 @@ def readable_images(message: _Message, store: ImageStore | None = None) -> _Mess
         ref = _image_location(block)
         if ref is None:
             return block
+        name = block_metadata(block).get("name")
         try:
             key = store.intern(ref)  # a URL is fetched once, and kept by its key
             store.get(key)
         except ImageLoadError as exc:
-            return unreadable(str(exc))
+            return unreadable(cannot_read(exc, ref, name))
         if key == ref:
             return block
-        return {"type": "image", "url": key, "mime_type": block.get("mime_type", "image/png")}
+        return reference_block(key, block.get("mime_type"), name)
 
     return _map_images(message, check)
+
+
+def cannot_read(exc: Exception, ref: str, name: str | None) -> str:
+    """Why an image cannot be read, said of the file the person sent (its name, when it
+    came with one), not of the store's key for it."""
+    if not is_blob_key(ref):  # a URL or path: the error names it as the person wrote it
+        return f"{name or 'the image'}: {exc}"
+    name = name or "your image"
+    return f"{name}: " + str(exc).replace(f"image {ref}", "it").replace(ref, name)
 
 
 def _image_location(block: Any) -> str | None:

@@ -282,3 +282,18 @@ def test_a_model_is_sent_the_stored_image_never_the_thumbnail(scene):
     assert served[1] == {"type": "text", "text": "[report.pdf: not an image, not read]"}
     local = for_model([kept], SimpleNamespace(accepts_image_refs=True), store)  # reads the store
     assert local[0].content[0]["url"] == key
+
+
+def test_an_image_by_url_is_fetched_once_and_shown_or_refused_by_the_policy(scene, image_server):
+    """A URL image: fetched under the store's policy into the store, shown as a thumbnail
+    like a pasted one; a URL the policy refuses gets a reply, with no model call."""
+    from speceyes_tools.images import ImagePolicy, ImageStore
+
+    url = image_server.url("/image.png")  # the scene, over loopback HTTP
+    graph = chat(store=ImageStore())  # the library default: fetches from this machine
+    out = turn(graph, "t", TINY, {"type": "image", "url": url})
+    assert out["error"] is None and out["messages"][-1].content == "B"
+    assert out["messages"][0].content[1]["metadata"]["speceyes_image"] == blob_key(open(scene, "rb").read())
+    strict = chat(store=ImageStore(policy=ImagePolicy.strict()), **no_model())
+    refused = turn(strict, "t", TINY, {"type": "image_url", "image_url": {"url": url}})
+    assert "could not read" in refused["messages"][-1].content and refused["error"]

@@ -52,9 +52,11 @@ from ..messages import (
     STORED,
     UNREADABLE_NOTE,
     block_metadata,
+    cannot_read,
     dehydrate,
     image_ref,
     is_unreadable,
+    readable_images,
     unreadable,
 )
 from ..protocol import extract_answer, message_text
@@ -155,8 +157,8 @@ def _displayed(
         name = metadata.get("name") or "your image"
         try:
             data = thumbnail(store.get(key), THUMBNAIL_SIDE)
-        except ImageLoadError as exc:  # said of the person's file, not of the store's key
-            why = f"{name}: {str(exc).replace(f'image {key}', 'it').replace(key, name)}"
+        except ImageLoadError as exc:  # gone from the store since: said of the person's file
+            why = cannot_read(exc, key, name)
             failed.append(why)
             content.append(unreadable(why))
             continue
@@ -326,9 +328,12 @@ def create_speceyes_chat_graph(
         if last is None:
             return _refused_with(_refusal([], [], False, ""))
         thread = (config.get("configurable") or {}).get("thread_id")
-        # pasted pixels -> the store; each image a thumbnail (a decode: off the event loop)
+        # pasted pixels and URLs -> the store (a URL fetched under the store's policy); each
+        # image a thumbnail (decodes and fetches: off the event loop)
         shown, failed, not_images = yield Blocking(
-            lambda: _displayed(dehydrate(last, store), store, image_url, thread)
+            lambda: _displayed(
+                readable_images(dehydrate(last, store), store), store, image_url, thread
+            )
         )
         turn = [*messages[:-1], shown] if messages[-1] is last else [*messages, shown]
         query = chat_query(turn)
