@@ -264,8 +264,14 @@ _SESSION_START = time.time()
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The image corpus's counts (tests/test_corpus.py), in the CI log, when it ran."""
-    report = Path(__file__).resolve().parent.parent / ".corpus" / "last-report.txt"
-    if report.exists() and report.stat().st_mtime >= _SESSION_START:
-        terminalreporter.write_sep("=", "image corpus")
-        terminalreporter.write_line(report.read_text())
+    """Figures tests measured, in the CI log, when they ran: the image corpus's counts
+    (tests/test_corpus.py), the chat server's time to the first answer
+    (tests/test_chat_ui.py)."""
+    root = Path(__file__).resolve().parent.parent
+    for title, report in (
+        ("image corpus", root / ".corpus" / "last-report.txt"),
+        ("chat server: time to the first answer", root / "build" / "figures" / "chat-first-answer.txt"),
+    ):  # fmt: skip
+        if report.exists() and report.stat().st_mtime >= _SESSION_START:
+            terminalreporter.write_sep("=", title)
+            terminalreporter.write_line(report.read_text())
