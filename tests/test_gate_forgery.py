@@ -344,7 +344,7 @@ def test_a_killed_workers_shadows_stop_holding_back_the_window(shared_store):
 
 def test_the_draft_says_whether_the_gate_is_shared(scene, monkeypatch, caplog):
     """Each answer's draft says where the gate's labels live; a served online gate without
-    a key says so when it is built (the graph's load), not at its first run."""
+    a key says so when a server loads the graphs (serve.py), not at its first run."""
     from langgraph.store.memory import InMemoryStore
 
     gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=1000, seed=0, key=KEY)
@@ -357,9 +357,9 @@ def test_the_draft_says_whether_the_gate_is_shared(scene, monkeypatch, caplog):
     out = build(agent("A"), gate).compile(store=InMemoryStore()).invoke(query(scene, 0, 5.0))
     assert out["draft"]["gate_scope"] == "process"
 
-    from speceyes_graph.gate.separability import GateConfig
-    from speceyes_graph.integrations.studio import online_gate
+    from speceyes_graph.integrations.studio import warn_if_the_online_gate_cannot_be_shared
 
+    warn_if_the_online_gate_cannot_be_shared.cache_clear()  # said once per process
     with caplog.at_level(logging.WARNING, logger="speceyes_graph.integrations.studio"):
-        online_gate(GateConfig())
+        warn_if_the_online_gate_cannot_be_shared()  # what serve.py calls as a server loads it
     assert any("SPECEYES_GATE_KEY is not set" in r.getMessage() for r in caplog.records)
