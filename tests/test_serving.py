@@ -1,5 +1,6 @@
 """The graph over HTTP: the real ChatOpenAI client against a vLLM-format replay server."""
 
+import asyncio
 import base64
 import io
 import json
@@ -264,7 +265,8 @@ def test_langgraph_json_points_at_a_compiled_graph(monkeypatch):
         "SPECEYES_LARGE_PATH",
     ):
         monkeypatch.delenv(var, raising=False)
-    graph = runpy.run_path(str(root / path))[attr]
+    factory = runpy.run_path(str(root / path))[attr]  # a graph factory, built on first use
+    graph = asyncio.run(factory())
     assert {"judge", "speculate", "gate", "agent_loop"} <= set(graph.get_graph().nodes)
 
 
@@ -280,9 +282,10 @@ def test_studio_graph_from_environment(monkeypatch, scene4k, tmp_path):
         monkeypatch.setenv("SPECEYES_SMALL_MODEL", "small")
         monkeypatch.setenv("SPECEYES_LARGE_URL", server.url)
         monkeypatch.setenv("SPECEYES_LARGE_MODEL", "large")
-        graph = runpy.run_path(
+        studio = runpy.run_path(
             str(Path(__file__).resolve().parents[1] / "speceyes_graph/integrations/studio.py")
-        )["graph"]
+        )  # a fresh copy of the module: the graphs from this environment
+        graph = studio["served_graph"]("speceyes")
         assert graph.invoke(q("easy: colour?", scene4k))["route"] == "speculative"
 
 

@@ -118,7 +118,7 @@ def chat_input(query):
 def test_streaming_clients_through_the_chat_graph(vllm_servers, demo_local, demo_queries_60):
     """ChatOpenAI(streaming=True) against the real server: every model call streams (SSE,
     the draft's log-probs inside the chunks), the chat graph routes and answers as it does on
-    the local models, and its answer comes out of stream_mode="messages"."""
+    the local models, and its zooms and answer come out of stream_mode="messages"."""
     urls = {r: vllm_servers[r].url for r in ("small", "large")}
     streaming = {
         "small": openai_chat_model(urls["small"], "small", top_logprobs=64, max_tokens=8, streaming=True),
@@ -146,7 +146,9 @@ def test_streaming_clients_through_the_chat_graph(vllm_servers, demo_local, demo
         assert final["route"] == expected["route"] and final.get("error") is None
         answer = final["messages"][-1].content
         assert answer == expected["messages"][-1].content
-        assert "".join(c.content for c in chunks) == answer
+        # the stream carries the zooms (tool calls, results) and then the answer, once each
+        assert [c.type for c in chunks] == [m.type for m in final["messages"][1:] if m.content]
+        assert chunks[-1].content == answer
         routes.add(final["route"])
     assert "speculative" in routes  # a draft scored from streamed log-probs, and accepted
 

@@ -7,7 +7,8 @@ itself, with the caller's own headers, for that thread's state, and serves the i
 if that answer holds the image's key. So whatever the deployment's auth lets a caller read
 of threads (owner scoping, tokens, an open server's everything), it lets them read of the
 images in them, and nothing else; and image keys are SHA-256 digests of the bytes, so none
-is guessed without having the image. Both LangGraph's servers and Aegra serve it.
+is guessed without having the image. Both LangGraph's servers and Aegra serve it (the
+``serve`` extra brings FastAPI, which Aegra requires of a custom app).
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ import re
 from urllib.parse import quote
 
 import httpx
-from starlette.applications import Starlette
+from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route
 
 __all__ = ["app", "image"]
 
@@ -54,4 +54,7 @@ async def image(request: Request) -> Response:
     )
 
 
-app = Starlette(routes=[Route("/speceyes/images/{digest}", image, methods=["GET"])])
+# A FastAPI app (Aegra takes no other kind; LangGraph's servers take any Starlette app), with
+# no docs or OpenAPI routes of its own: the server's own /docs and /openapi.json stay theirs.
+app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+app.add_api_route("/speceyes/images/{digest}", image, methods=["GET"])
