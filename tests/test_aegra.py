@@ -533,12 +533,15 @@ def test_the_cluster_database_holds_no_pixels(cluster, plan):
 
     shown = client.threads.get_state(threads[1])["values"]["messages"][0]["content"]
     url = next(b["metadata"]["url"] for b in shown if b.get("type") == "image")
-    image = httpx.get(cluster.url(1) + url, timeout=30)
+    while len(cluster.alive()) < 2:  # a test before may have killed one
+        cluster.add()
+    other = cluster.url(cluster.alive()[-1])  # an instance the chat turn was not sent to
+    image = httpx.get(other + url, timeout=30)
     assert image.status_code == 200 and image.headers["content-type"] == "image/png"
     sent = base64.b64decode(plan[1][0][1]["messages"][0]["content"][-1]["image_url"]["url"].split(",")[1])
     assert image.content == sent
     stranger = url.split("thread_id=")[0] + "thread_id=" + threads[0]
-    assert httpx.get(cluster.url(1) + stranger, timeout=30).status_code == 404
+    assert httpx.get(other + stranger, timeout=30).status_code == 404
     print(f"\nAegra's records holding a pasted image (rows, largest bytes): {others}")
 
 
