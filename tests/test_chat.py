@@ -207,7 +207,8 @@ def test_the_reply_is_an_answer_never_protocol_text(answer, options, reply):
 
 def test_an_answer_matching_no_option_says_so_and_keeps_the_models_text(scene):
     graph = chat(agent=deepeyes_agent(answer="<answer>purple"))
-    out = turn(graph, "t", TINY + "\nOptions: red; green", shapes(open(scene, "rb").read())["py" if False else "openai string"])  # fmt: skip
+    image = shapes(open(scene, "rb").read())["openai string"]
+    out = turn(graph, "t", TINY + "\nOptions: red; green", image)
     text = out["messages"][-1].content
     assert text == "I could not tell which of the options is right."
     assert "purple" in out["messages"][-1].response_metadata["speceyes"]["answer"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Literal
 
 from langchain_core.messages import HumanMessage
@@ -48,7 +49,7 @@ class Attachment:
     file_id: str | None = None
     problem: str | None = None
 
-    @property
+    @cached_property  # a header read: once per attachment (``label`` asks too)
     def is_image(self) -> bool:
         """Whether it is a picture: by its bytes when it has them, else by what it declares
         (an ``image`` block, or a file with an image MIME type)."""
