@@ -24,7 +24,7 @@ from langchain_core.messages import AIMessage
 from PIL import Image
 
 from speceyes_graph import create_speceyes_graph
-from speceyes_graph.gate.online import OnlineGate
+from speceyes_graph.gate.online import LabelOptions, OnlineGate, RiskOptions, TrustOptions
 from speceyes_graph.graph.fallback import AgentFallback
 from speceyes_graph.models.scripted import ScriptedChatModel, fake_logprobs
 
@@ -37,7 +37,10 @@ class World:
 
 
 def build(seed: int) -> tuple[OnlineGate, object]:
-    gate = OnlineGate(0.1, 0.5, tau=0.98, warmup=20, window=400, seed=seed, outage_tau=1.0)
+    gate = OnlineGate(
+        0.1, 0.5, tau=0.98, risk=RiskOptions(window=400, warmup=20),
+        labels=LabelOptions(seed=seed), trust=TrustOptions(outage_tau=1.0),
+    )  # fmt: skip
     draft = AIMessage(content="A", response_metadata={"logprobs": fake_logprobs(["A"], [5.0])})
     graph = create_speceyes_graph(
         judge=ScriptedChatModel(respond=lambda m: "no"),

@@ -48,9 +48,12 @@ from speceyes_graph.benchmarks.online_replay import (
 from speceyes_graph.gate.online import (
     BudgetShadows,
     FlatShadows,
+    LabelOptions,
     MarginShadows,
     OnlineGate,
+    RiskOptions,
     ShadowPolicy,
+    TrustOptions,
     count_upper_bound,
     default_taus,
 )
@@ -62,11 +65,12 @@ def figures(
     warm: bool,
     shadow_rate: Any = None,
     workload: int | None = None,
-    **gate: Any,
+    **risk: Any,
 ) -> dict[str, dict[str, float]]:
     """Per scenario: the worst and median of each figure over its workloads and seeds. A
     workload is a segment of traffic (3,000 queries), or with ``workload`` every stretch of
-    that many queries in turn, wherever the traffic changes."""
+    that many queries in turn, wherever the traffic changes. ``risk``: the gate's window
+    settings (:class:`RiskOptions`: ``window``, ``rolling_step``)."""
     out = {}
     for name, (segments, gradual) in SCENARIOS.items():
         ratios, risks, calls, oracle = [], [], [], []
@@ -74,8 +78,9 @@ def figures(
             stream = simulated_stream(segments, seed, gradual)
             evidence = simulated_evidence(segments[0], 500, seed + 10_000) if warm else None
             online = OnlineGate(
-                max_risk, shadow_rate, evidence=evidence, seed=seed, store=None, **gate
-            )
+                max_risk, shadow_rate, evidence=evidence, risk=RiskOptions(**risk),
+                labels=LabelOptions(seed=seed), trust=TrustOptions(store=None),
+            )  # fmt: skip
             log = replay(stream, online, seed=seed)
             if workload:  # stretches of traffic: the hindsight tau is each stretch's own
                 log.segment = [f"{i // workload}" for i in range(len(stream))]
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rolling",
         type=float,
         metavar="STEP",
-        help="also rolling risk control with this step (OnlineGate(rolling_step=STEP))",
+        help="also rolling risk control with this step (RiskOptions(rolling_step=STEP))",
     )
     parser.add_argument("--window", type=int, help="the gate's window (default: the gate's)")
     parser.add_argument(

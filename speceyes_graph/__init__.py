@@ -11,7 +11,7 @@ three ways to use the same method.
 from . import phases
 from .agents.loop import LoopOptions, create_agent_loop
 from .agents.toolsets import Toolset, ToolsetError, load_toolset, register_tool
-from .gate.online import OnlineGate
+from .gate.online import LabelOptions, OnlineGate, RiskOptions, TrustOptions
 from .gate.separability import (
     GateConfig,
     SeparabilityError,
@@ -46,11 +46,13 @@ __all__ = [
     "Draft",
     "GateConfig",
     "ImageStoreMiddleware",
+    "LabelOptions",
     "Limits",
     "LoopOptions",
     "Mode",
     "OnlineGate",
     "Prompts",
+    "RiskOptions",
     "Route",
     "SeparabilityError",
     "SpecEyesContext",
@@ -62,6 +64,7 @@ __all__ = [
     "SpeculationOptions",
     "Toolset",
     "ToolsetError",
+    "TrustOptions",
     "acceptance_score",
     "answer_separability",
     "answer_separability_from_logprobs",

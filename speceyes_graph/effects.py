@@ -38,6 +38,7 @@ from typing import Any
 from langchain_core.runnables import Runnable
 
 from speceyes_tools.deadlines import (
+    DeadlineExceeded,
     acall_with_deadline,
     call_with_deadline,
     start_in_background,
@@ -58,6 +59,7 @@ __all__ = [
     "node",
     "router",
     "run_steps",
+    "unavailable",
 ]
 
 Steps = Generator["Request", Any, Any]
@@ -263,3 +265,36 @@ def router(fn: Callable[..., Any]) -> Runnable:
         return fn(*args, **kwargs)
 
     return RunnableCallable(fn, afunc, name=fn.__name__, trace=False)
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether a model call's failure says the model is down rather than that the request
+    was its own trouble: it could not be reached (a connection or transport error), did not
+    answer within its call's timeout, or answered with a server error (HTTP 5xx), here or in
+    the chain of causes (an OpenAI client's ``APIConnectionError`` wraps httpx's). The
+    query's own deadline passing, an HTTP 4xx and a malformed reply are the request's: an
+    online gate learns nothing from them, where an agent that is down tightens it."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, DeadlineExceeded):
+            return False
+        if isinstance(cause, (ConnectionError, TimeoutError)) or _transport_error(cause):
+            return True
+        status = getattr(cause, "status_code", None)
+        if status is None:
+            status = getattr(getattr(cause, "response", None), "status_code", None)
+        if isinstance(status, int):
+            return status >= 500
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _transport_error(exc: BaseException) -> bool:
+    """httpx's transport errors, and OpenAI's client's, which it raises with or without
+    httpx's as the cause (a module not imported raised nothing)."""
+    httpx, openai = sys.modules.get("httpx"), sys.modules.get("openai")
+    return (httpx is not None and isinstance(exc, httpx.TransportError)) or (
+        openai is not None and isinstance(exc, openai.APIConnectionError)
+    )

@@ -5,7 +5,10 @@ max_agent_steps=..., limits=Limits(...))``); each run may override the gate, the
 step bound, the speculation depth and the deadlines through LangGraph's context
 (``graph.invoke(x, context={"tau": 0.9})``, an assistant's context on LangGraph Platform,
 or ``config["configurable"]`` for older clients). Callers of a served graph are strangers,
-so overrides are checked and bounded: deadlines can only be shortened, steps stay under the
+so the deployment decides which settings a run may set at all (``Limits.client_settings``:
+every one in a graph you run yourself, only :data:`SERVED_CLIENT_SETTINGS` in the served
+graphs), a run naming any other fails with a :class:`SettingsError` that says so, and what
+may be set is checked and bounded: deadlines can only be shortened, steps stay under the
 deployment's ceiling, and nothing about which images may be read can be changed per run.
 """
 
@@ -18,7 +21,14 @@ from typing import Any, Literal
 from .gate.separability import GateConfig
 from .state import Mode
 
-__all__ = ["Limits", "OnError", "RunSettings", "SettingsError", "resolve_settings"]
+__all__ = [
+    "SERVED_CLIENT_SETTINGS",
+    "Limits",
+    "OnError",
+    "RunSettings",
+    "SettingsError",
+    "resolve_settings",
+]
 
 OnError = Literal["record", "raise"]
 _MODES = ("speceyes", "agent", "small", "specreason")
@@ -46,6 +56,10 @@ class Limits:
     max_options: int = 26  # labelled A..Z
     max_agent_steps: int = 32  # ceiling for a per-run max_agent_steps
     max_speculation_depth: int = 8  # ceiling for a per-run speculation_depth
+    # the RunSettings a run may set through its context, configurable or assistant (None:
+    # every one). Anything else a run names is refused, not ignored. Only runs under the
+    # deployment's own settings teach an online gate.
+    client_settings: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         for name in ("query_timeout_s", "model_timeout_s", "tool_timeout_s"):
@@ -53,6 +67,14 @@ class Limits:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not 1 <= self.max_options <= 26:
             raise ValueError(f"max_options must be 1..26 (labels A..Z), got {self.max_options}")
+        if self.client_settings is not None:
+            object.__setattr__(self, "client_settings", frozenset(self.client_settings))
+            unknown = sorted(self.client_settings - set(RunSettings.__dataclass_fields__))
+            if unknown:
+                raise ValueError(
+                    f"client_settings names no setting: {unknown} "
+                    f"(settings: {sorted(RunSettings.__dataclass_fields__)})"
+                )
 
 
 @dataclass(frozen=True)
@@ -79,6 +101,17 @@ class RunSettings:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def same_run_as(self, other: RunSettings) -> bool:
+        """Whether a run under these settings is one under ``other`` in all that decides
+        its draft, its gate and its agent (everything but ``on_error``, which only says
+        how a failure is reported): the runs whose labels an online gate may learn from."""
+        return {**self.as_dict(), "on_error": None} == {**other.as_dict(), "on_error": None}
+
+
+SERVED_CLIENT_SETTINGS = frozenset({"on_error"})
+"""What a client of a served graph may set unless the operator allows more
+(``SPECEYES_CLIENT_SETTINGS``): nothing that touches the gate, the models, time or cost."""
+
 
 def _number(name: str, value: Any, kind: type) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -93,8 +126,19 @@ def _number(name: str, value: Any, kind: type) -> Any:
 def resolve_settings(
     overrides: Mapping[str, Any] | None, defaults: RunSettings, limits: Limits
 ) -> RunSettings:
-    """Defaults with this run's overrides applied, checked against the limits."""
+    """Defaults with this run's overrides applied, checked against the limits. A setting the
+    deployment does not let a run set (``limits.client_settings``) is refused."""
     given = {k: v for k, v in (overrides or {}).items() if k in RunSettings.__dataclass_fields__}
+    allowed = limits.client_settings
+    refused = sorted(
+        k for k, v in given.items() if v is not None and allowed is not None and k not in allowed
+    )
+    if refused:
+        raise SettingsError(
+            f"this deployment does not let a run set {', '.join(refused)} "
+            f"(a run may set: {', '.join(sorted(allowed or ())) or 'nothing'}); its "
+            "operator decides that (Limits.client_settings, SPECEYES_CLIENT_SETTINGS)"
+        )
     values = {**defaults.as_dict(), **{k: v for k, v in given.items() if v is not None}}
     tau = _number("tau", values["tau"], float)
     if not 0.0 <= tau <= 1.0:

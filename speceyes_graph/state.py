@@ -365,8 +365,10 @@ class SpecEyesState(SpecEyesInput, SpecEyesOutput, total=False):
 
 class SpecEyesContext(TypedDict, total=False):
     """Per-run settings (``graph.invoke(..., context={...})``, or a LangGraph assistant's
-    context). Unset keys keep the graph's defaults; deadlines and steps are capped by the
-    deployment's :class:`~speceyes_graph.settings.Limits`."""
+    context). Unset keys keep the graph's defaults; a run may set only those the
+    deployment allows (``Limits.client_settings``; a served graph: ``on_error`` unless its
+    operator allows more), and deadlines and steps are capped by its
+    :class:`~speceyes_graph.settings.Limits`."""
 
     tau: Annotated[
         float,

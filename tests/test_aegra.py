@@ -316,7 +316,7 @@ def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels
 
     from speceyes_graph.gate.keys import GateKeys
     from speceyes_graph.gate.ledger import ENTRY_VERSION, Observation, read_entry
-    from speceyes_graph.gate.online import OnlineGate
+    from speceyes_graph.gate.online import OnlineGate, RiskOptions, TrustOptions
 
     while len(cluster.alive()) < 2:  # the test before killed one
         cluster.add()
@@ -432,8 +432,12 @@ def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels
     expected = []
     for probe in probes:
         gate = OnlineGate(
-            0.02, 0.5, tau=1.0, window=int(ONLINE_GATE["SPECEYES_GATE_WINDOW"]),
-            warmup=int(ONLINE_GATE["SPECEYES_GATE_WARMUP"]), store=None,
+            0.02, 0.5, tau=1.0,
+            risk=RiskOptions(
+                window=int(ONLINE_GATE["SPECEYES_GATE_WINDOW"]),
+                warmup=int(ONLINE_GATE["SPECEYES_GATE_WARMUP"]),
+            ),
+            trust=TrustOptions(store=None),
         )  # fmt: skip
         for n, value in enumerate(v for v in stored if v["at"] < probe["gated_at"]):
             gate.ledger.record(str(n), Observation(**{k: value[k] for k in FIELDS}))

@@ -126,9 +126,9 @@ def test_calibrate_command(tmp_path):
     assert len(gate["evidence"]) == gate["n_calibration"] and {
         type(loss) for _, loss in gate["evidence"]
     } == {bool}
-    from speceyes_graph.gate.online import OnlineGate
+    from speceyes_graph.gate.online import OnlineGate, TrustOptions
 
-    online = OnlineGate(0.05, config=tmp_path / "run" / "gate.json", store=None)
+    online = OnlineGate(0.05, config=tmp_path / "run" / "gate.json", trust=TrustOptions(store=None))
     assert online.state()["seeded"] == gate["n_calibration"] and online.tau < 1.0
     # seeded where the calibration drafts scored, with their losses (calibrate once kept
     # acceptance scores, which the gate squashed through the sigmoid again, all below 0.65:

@@ -29,7 +29,7 @@ from test_online_graph import agent, build, entries, query
 
 from speceyes_graph.gate.keys import GateKeys
 from speceyes_graph.gate.ledger import Observation, StoreLedger
-from speceyes_graph.gate.online import OnlineGate
+from speceyes_graph.gate.online import LabelOptions, OnlineGate, RiskOptions, TrustOptions
 from speceyes_graph.gate.online_steps import UNBOUND
 from speceyes_graph.gate.window import settled
 
@@ -60,7 +60,9 @@ def thread(scene):
     rejected at 0.98 (score 0.95), labelled by the agent ("A" agrees with it)."""
 
     def make(mode: str, **compile_kw):
-        gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=1000, seed=0)
+        gate = OnlineGate(
+            0.05, 0.5, tau=0.98, risk=RiskOptions(warmup=1000), labels=LabelOptions(seed=0)
+        )
         graph = build(agent("A"), gate).compile(checkpointer=InMemorySaver(), **compile_kw)
         out = graph.invoke(query(scene, 0, 5.0), config(mode))
         return graph, gate, out
@@ -152,8 +154,10 @@ def test_a_run_redelivered_to_another_worker_labels_its_own_decision(scene, shar
     labels that decision from the checkpoint's draft, once; the same run with its draft
     rewritten, or redelivered again, labels nothing more."""
     saver = InMemorySaver()
+    risk, trust = RiskOptions(warmup=1000), TrustOptions(sync_s=0.0, key=KEY)
     gates = [
-        OnlineGate(0.05, 0.5, tau=0.98, warmup=1000, seed=s, sync_s=0.0, key=KEY) for s in (0, 1)
+        OnlineGate(0.05, 0.5, tau=0.98, risk=risk, labels=LabelOptions(seed=s), trust=trust)
+        for s in (0, 1)
     ]
     dies = build(agent("A"), gates[0]).compile(
         checkpointer=saver, store=shared_store, interrupt_before=["agent_loop"]
@@ -180,7 +184,10 @@ def test_a_run_redelivered_to_another_worker_labels_its_own_decision(scene, shar
     )
     redeliver("r1", "r1")
     assert entry("r1") == REAL  # not the draft decided on
-    contrary = build(agent("B"), OnlineGate(0.05, 0.5, tau=0.98, warmup=1000, key=KEY))
+    contrary = build(
+        agent("B"),
+        OnlineGate(0.05, 0.5, tau=0.98, risk=RiskOptions(warmup=1000), trust=TrustOptions(key=KEY)),
+    )
     real_draft = dies.get_state({"configurable": {"thread_id": "r2"}}).values["draft"]
     takes_over.update_state(
         {"configurable": {"thread_id": "r1"}}, {"draft": real_draft}, as_node="gate"
@@ -200,7 +207,9 @@ def test_a_run_redelivered_to_another_worker_labels_its_own_decision(scene, shar
 def test_input_carrying_gate_fields_is_a_query_like_any_other(scene):
     """``gate_key``, ``draft`` and ``route`` in the input change nothing: the run is observed
     under its own key with its own draft's label."""
-    gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=1000, seed=0)
+    gate = OnlineGate(
+        0.05, 0.5, tau=0.98, risk=RiskOptions(warmup=1000), labels=LabelOptions(seed=0)
+    )
     graph = build(agent("A"), gate).compile(checkpointer=InMemorySaver())
     carried = {
         **query(scene, 0, 5.0),
@@ -231,7 +240,9 @@ def test_the_middlewares_record_in_an_agents_state_earns_no_label(scene, mode):
     from helpers import speculator
     from speceyes_graph import SpecEyesMiddleware
 
-    gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=1000, seed=0)
+    gate = OnlineGate(
+        0.05, 0.5, tau=0.98, risk=RiskOptions(warmup=1000), labels=LabelOptions(seed=0)
+    )
     middleware = SpecEyesMiddleware(
         speculator=speculator("A", 5.0), judge=scripted_judge("no"), gate=gate
     )
@@ -287,7 +298,14 @@ def test_when_shadows_stop_giving_labels_the_gate_tightens_and_probes_find_them_
     def learnt_gate():
         broken.clear()
         answer["now"] = "A"
-        gate = OnlineGate(0.1, 0.5, tau=0.98, warmup=20, window=400, seed=0, outage_tau=1.0)
+        gate = OnlineGate(
+            0.1,
+            0.5,
+            tau=0.98,
+            risk=RiskOptions(window=400, warmup=20),
+            labels=LabelOptions(seed=0),
+            trust=TrustOptions(outage_tau=1.0),
+        )
         graph = build(agent(lambda q: answer["now"]), gate).compile()
 
         def run(n: int) -> list[dict]:
@@ -325,7 +343,7 @@ def test_a_killed_workers_shadows_stop_holding_back_the_window(shared_store):
     """Worker A records a shadowed draft whose label is still to come, then dies (it stops
     signing signs of life). Worker B's window counts the traffic only up to that shadow
     while A lives, and all of it once A has been silent for three beats, not for the five
-    minutes of ``shadow_patience_s``."""
+    minutes of ``patience_s``."""
     keys = GateKeys(KEY)
     a, b = (
         StoreLedger(shared_store, ("t", "gate"), 100, keys, sync_s=0.0, beat_s=0.2) for _ in "ab"
@@ -347,13 +365,22 @@ def test_the_draft_says_whether_the_gate_is_shared(scene, monkeypatch, caplog):
     a key says so when a server loads the graphs (serve.py), not at its first run."""
     from langgraph.store.memory import InMemoryStore
 
-    gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=1000, seed=0, key=KEY)
+    gate = OnlineGate(
+        0.05,
+        0.5,
+        tau=0.98,
+        risk=RiskOptions(warmup=1000),
+        labels=LabelOptions(seed=0),
+        trust=TrustOptions(key=KEY),
+    )
     out = build(agent("A"), gate).compile(store=InMemoryStore()).invoke(query(scene, 0, 5.0))
     assert out["draft"]["gate_scope"] == "shared"
     assert out["draft"]["gate_counts"] == {"window": 0, "labelled": 0, "disagreeing": 0}
 
     monkeypatch.delenv("SPECEYES_GATE_KEY", raising=False)
-    gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=1000, seed=0)
+    gate = OnlineGate(
+        0.05, 0.5, tau=0.98, risk=RiskOptions(warmup=1000), labels=LabelOptions(seed=0)
+    )
     out = build(agent("A"), gate).compile(store=InMemoryStore()).invoke(query(scene, 0, 5.0))
     assert out["draft"]["gate_scope"] == "process"
 

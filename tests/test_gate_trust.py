@@ -23,7 +23,7 @@ from test_online_graph import agent, build, query
 
 from speceyes_graph.gate.keys import GateKeys, MissingGateKey
 from speceyes_graph.gate.ledger import Observation, StoreLedger, entry_fields, read_entry
-from speceyes_graph.gate.online import OnlineGate
+from speceyes_graph.gate.online import LabelOptions, OnlineGate, RiskOptions, TrustOptions
 
 KEY = "the deployment gate key of 32+ characters"
 NAMESPACE = ("speceyes", "online_gate", "default")
@@ -35,9 +35,13 @@ def gate_key(monkeypatch):
     monkeypatch.setenv("SPECEYES_GATE_KEY", KEY)
 
 
-def worker(store, **kw) -> OnlineGate:
-    settings = {"window": 400, "warmup": 50, "sync_s": 0.0, "seed": 0, **kw}
-    return OnlineGate(0.05, 0.5, tau=0.98, store=store, **settings)
+def worker(store, sync_s: float = 0.0, max_age_s: float | None = 7 * 86400.0) -> OnlineGate:
+    return OnlineGate(
+        0.05, 0.5, tau=0.98,
+        risk=RiskOptions(window=400, warmup=50, max_age_s=max_age_s),
+        labels=LabelOptions(seed=0),
+        trust=TrustOptions(store=store, sync_s=sync_s),
+    )  # fmt: skip
 
 
 def teach(gate: OnlineGate, n: int = 300, seed: int = 0, wrong_above: float = 0.9) -> None:
@@ -211,7 +215,14 @@ def test_evidence_not_read_for_too_long_is_not_vouched_for():
 
 
 def test_old_evidence_does_not_count():
-    gate = OnlineGate(0.05, 0.5, tau=0.98, window=400, warmup=50, seed=0, store=None, max_age_s=3600)
+    gate = OnlineGate(
+        0.05,
+        0.5,
+        tau=0.98,
+        risk=RiskOptions(window=400, warmup=50, max_age_s=3600),
+        labels=LabelOptions(seed=0),
+        trust=TrustOptions(store=None),
+    )
     old = time.time() - 7200
     for i in range(300):
         gate.ledger.record(f"o{i}", Observation(old + i, 0.6, False, False, False))
@@ -224,7 +235,9 @@ def test_an_agent_that_fails_gives_no_agreement(scene):
     back and contradicts drafts at 0.95. Before, the failures counted as agreements and
     moved tau below 0.95: the wrong drafts were accepted. Now they count against their
     drafts: none is."""
-    gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=20, window=200, seed=0)
+    gate = OnlineGate(
+        0.05, 0.5, tau=0.98, risk=RiskOptions(window=200, warmup=20), labels=LabelOptions(seed=0)
+    )
     down = build(agent(fail=True), gate).compile()
     for i in range(60):
         down.invoke(query(scene, i, 5.0))
@@ -239,8 +252,8 @@ def test_a_shared_store_needs_a_key(scene, monkeypatch):
     store keeps to this process instead (logged, in its state), and writes nothing there."""
     monkeypatch.delenv("SPECEYES_GATE_KEY")
     with pytest.raises(MissingGateKey, match="SPECEYES_GATE_KEY"):
-        OnlineGate(store=InMemoryStore())
-    gate = OnlineGate(0.05, 0.5, tau=0.98, seed=0)
+        OnlineGate(trust=TrustOptions(store=InMemoryStore()))
+    gate = OnlineGate(0.05, 0.5, tau=0.98, labels=LabelOptions(seed=0))
     run_store = InMemoryStore()
     build(agent("A"), gate).compile(store=run_store).invoke(query(scene, 0))
     state = gate.state()

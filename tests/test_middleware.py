@@ -20,7 +20,14 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 
 from helpers import question_of, speculator
-from speceyes_graph import GateConfig, ImageStoreMiddleware, OnlineGate, SpecEyesMiddleware
+from speceyes_graph import (
+    GateConfig,
+    ImageStoreMiddleware,
+    LabelOptions,
+    OnlineGate,
+    RiskOptions,
+    SpecEyesMiddleware,
+)
 from speceyes_graph.integrations.middleware import pixel_free_agent
 from speceyes_graph.models import ScriptedChatModel
 from speceyes_graph.protocol import message_text
@@ -200,7 +207,9 @@ def test_a_gate_file_from_calibrate(scene, tmp_path):
 def test_the_online_gate_gets_every_label(scene):
     """Accepted drafts are observed (shadowed ones labelled by a shadow agent off the user's
     path), rejected ones labelled by the agent's answer, tool turns counted without a draft."""
-    gate = OnlineGate(0.05, 1.0, tau=0.98, warmup=1000, window=1000, seed=0)  # tau stays 0.98
+    gate = OnlineGate(
+        0.05, 1.0, tau=0.98, risk=RiskOptions(window=1000, warmup=1000), labels=LabelOptions(seed=0)
+    )  # tau stays 0.98
     shadow = create_agent(large_model(answer="blue"), [make_zoom_tool()], middleware=[ImageStoreMiddleware()])
     agent = agent_of(large_model(answer="red"), small_model(), gate=gate, shadow=shadow)
     routes = [agent.invoke(turn(scene, q))["speceyes"]["route"] for q in (BIG, "unsure? " + BIG, TINY)]
@@ -426,7 +435,9 @@ def test_the_record_holds_no_text_a_redaction_middleware_cannot_see(scene, order
 
     address = "ann.smith@example.com"
     small = speculator(f"mail {address}", lambda q: 5.0 if "unsure" in q else 9.0)
-    gate = OnlineGate(0.05, 0.1, tau=0.98, warmup=1000, seed=0)
+    gate = OnlineGate(
+        0.05, 0.1, tau=0.98, risk=RiskOptions(warmup=1000), labels=LabelOptions(seed=0)
+    )
     speceyes = SpecEyesMiddleware(small, gate=gate)
     pii = PIIMiddleware("email", strategy="redact", apply_to_output=True)
     saver = InMemorySaver()

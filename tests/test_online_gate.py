@@ -27,8 +27,11 @@ from speceyes_graph.benchmarks.online_replay import (
 )
 from speceyes_graph.gate.online import (
     BudgetShadows,
+    LabelOptions,
     MarginShadows,
     OnlineGate,
+    RiskOptions,
+    TrustOptions,
     count_upper_bound,
     default_taus,
     upper_bound,
@@ -57,7 +60,13 @@ def test_the_window_estimate_is_unbiased_and_its_bound_holds(shadows):
     errors, covered = [], []
     for seed in range(10):
         stream = simulated_stream([Segment("w", 1200, 0.15)], seed)
-        gate = OnlineGate(TARGET, shadows, tau=0.98, window=1000, warmup=300, seed=seed)
+        gate = OnlineGate(
+            TARGET,
+            shadows,
+            tau=0.98,
+            risk=RiskOptions(window=1000, warmup=300),
+            labels=LabelOptions(seed=seed),
+        )
         replay(stream, gate, seed=seed)
         estimate, bound = gate.risk_bounds()
         window = stream[-1000:]
@@ -150,7 +159,7 @@ def test_without_labels_it_accepts_no_more_than_the_tolerance_allows():
     could lose entirely (``tolerance * max_risk`` of the window; tau moves as the window's
     count catches up with its decisions, hence the margin)."""
     stream = simulated_stream([Segment("w", 3000, 0.15)], 0)
-    gate = OnlineGate(TARGET, 0.1, window=1000, seed=0)
+    gate = OnlineGate(TARGET, 0.1, risk=RiskOptions(window=1000), labels=LabelOptions(seed=0))
     log = replay(stream, gate, lost_shadows=1.0)
     after = log.accepted[1200:]  # once the window holds no warm-up decisions
     assert sum(after) / len(after) <= TARGET * gate.tolerance + 0.005
@@ -170,17 +179,21 @@ def test_a_new_gate_starts_guarded_cold_or_warm():
         log = replay(stream, gate, seed=0)
         return log, sum(log.loss[:n]) / n, sum(log.accepted[:n]) / n
 
-    cold = OnlineGate(TARGET, seed=0, store=None)
+    cold = OnlineGate(TARGET, labels=LabelOptions(seed=0), trust=TrustOptions(store=None))
     assert cold.warmup == 116 and cold.start_tau == 1.0
     log, risk, _ = first(cold)
     assert not any(log.accepted[: cold.warmup]) and any(log.accepted[cold.warmup :])
     assert risk <= TARGET
     evidence = simulated_evidence(vstar, 500, 99)
-    warm = OnlineGate(TARGET, seed=0, store=None, evidence=evidence)
+    warm = OnlineGate(
+        TARGET, evidence=evidence, labels=LabelOptions(seed=0), trust=TrustOptions(store=None)
+    )
     assert warm.tau < 1.0 and warm.state()["seeded"] == 500  # certified before any query
     log, risk, accepted = first(warm)
     assert any(log.accepted[:50]) and risk <= TARGET * warm.tolerance and accepted > 0.1
-    unguarded = OnlineGate(TARGET, seed=0, store=None, tau=0.98)
+    unguarded = OnlineGate(
+        TARGET, tau=0.98, labels=LabelOptions(seed=0), trust=TrustOptions(store=None)
+    )
     assert first(unguarded, cold.warmup)[1] > TARGET
 
 
@@ -191,21 +204,21 @@ def test_a_gate_file_keeps_its_labelled_evidence(tmp_path):
     path = tmp_path / "gate.json"
     gate_file = {"tau": 0.99, "k": 64, "aggregation": "min", "evidence": rows}
     path.write_text(json.dumps({"gate": gate_file}))
-    gate = OnlineGate(TARGET, config=path, store=None)
+    gate = OnlineGate(TARGET, config=path, trust=TrustOptions(store=None))
     assert gate.state()["seeded"] == 400 and gate.tau < 0.99
     # a file from calibrate before it marked its scale keeps acceptance scores: read back as
     # the same queries, so the same tau (read as separability, every tau looked safe)
     old = [[None if s is None else acceptance_score(s), y] for s, y in rows]
     path.write_text(json.dumps({"gate": {**gate_file, "evidence": old}}))
-    again = OnlineGate(TARGET, config=path, store=None)
+    again = OnlineGate(TARGET, config=path, trust=TrustOptions(store=None))
     assert [q.score for q in again.seeds] == pytest.approx([q.score for q in gate.seeds])
     assert again.tau == gate.tau
     path.write_text(json.dumps({"gate": {**gate_file, "evidence_scale": "logits"}}))
     with pytest.raises(ValueError, match="evidence_scale"):
-        OnlineGate(TARGET, config=path, store=None)
+        OnlineGate(TARGET, config=path, trust=TrustOptions(store=None))
     path.write_text(json.dumps({"gate": {"tau": 0.99, "evidence": [["x", True]]}}))
     with pytest.raises(ValueError, match="evidence"):
-        OnlineGate(TARGET, config=path, store=None)
+        OnlineGate(TARGET, config=path, trust=TrustOptions(store=None))
 
 
 def test_slow_labels_do_not_tighten_the_gate():
@@ -213,9 +226,11 @@ def test_slow_labels_do_not_tighten_the_gate():
     stops at the oldest shadow in flight: a burst of accepted drafts whose shadowed cohort
     has no labels yet does not count as drafts the gate knows nothing about (the old gate
     rose from 0.5 to 1.0 on this burst and gated the demo's next drafts there); once the
-    labels land they count; a shadow in flight past ``shadow_patience_s`` holds nothing."""
+    labels land they count; a shadow in flight past ``patience_s`` holds nothing."""
     evidence = [(8.0 + 0.01 * i, False) for i in range(300)]  # calibration: right drafts
-    gate = OnlineGate(0.05, 0.5, evidence=evidence, seed=0, store=None)
+    gate = OnlineGate(
+        0.05, 0.5, evidence=evidence, labels=LabelOptions(seed=0), trust=TrustOptions(store=None)
+    )
     start = gate.tau
     assert start < 0.9
     in_flight = []
@@ -246,7 +261,12 @@ def simulated():
         for name, (segments, gradual) in SCENARIOS.items():
             stream = simulated_stream(segments, 101, gradual)  # a seed the benchmark did not use
             evidence = simulated_evidence(segments[0], 500, 10_101) if start == "warm" else None
-            gate = OnlineGate(TARGET, seed=101, store=None, evidence=evidence)
+            gate = OnlineGate(
+                TARGET,
+                evidence=evidence,
+                labels=LabelOptions(seed=101),
+                trust=TrustOptions(store=None),
+            )
             log = replay(stream, gate, seed=101)
             out[start, name] = summarise(stream, log, TARGET, default_taus(), 1000)
     return out
@@ -273,10 +293,28 @@ def test_a_fixed_tau_does_not_keep_the_promise(simulated):
 
 
 def test_bad_settings_are_refused():
-    bad = ({"max_risk": 0}, {"shadow_rate": 0}, {"delta": 1}, {"window": 1}, {"tolerance": 0.5})
+    bad = ({"max_risk": 0}, {"shadow_rate": 0})
     for kwargs in bad:
         with pytest.raises(ValueError):
             OnlineGate(**kwargs)
+    for options, kwargs in (
+        (RiskOptions, {"delta": 1}),
+        (RiskOptions, {"window": 1}),
+        (RiskOptions, {"tolerance": 0.5}),
+        (RiskOptions, {"max_age_s": 0}),
+        (LabelOptions, {"patience_s": 0}),
+        (TrustOptions, {"outage_tau": 1.5}),
+        (TrustOptions, {"max_share": 0}),
+        (TrustOptions, {"burst_s": 0}),
+    ):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            options(**kwargs)
+    with pytest.raises(ValueError, match="warmup"):  # the default warm-up outgrows the window
+        OnlineGate(0.02, risk=RiskOptions(window=50))
+    with pytest.raises(ValueError, match="outage_tau"):  # the start tau stands in for it
+        OnlineGate(0.02, tau=1.5)
+    with pytest.raises(TypeError, match="window"):  # the flat keywords are gone: risk=
+        OnlineGate(0.02, window=500)  # type: ignore[call-arg]
     for near, far, margin in ((0, 0.3, 1.5), (1.0, 1.2, 1.5), (1.0, 0.3, 0)):
         with pytest.raises(ValueError):
             MarginShadows(near, far, margin)
@@ -376,11 +414,19 @@ def test_rolling_control_counts_a_query_once_and_its_label_when_it_comes():
 
 
 def test_the_gate_can_roll_instead_of_certifying():
-    """OnlineGate(rolling_step=...): tau moves with each outcome from where the evidence put
+    """RiskOptions(rolling_step=...): tau moves with each outcome from where the evidence put
     it, and the window's estimate is still reported beside it."""
     evidence = simulated_evidence(SCENARIOS["none"][0][0], 500, 7)
-    window = OnlineGate(TARGET, seed=1, store=None, evidence=evidence)
-    gate = OnlineGate(TARGET, seed=1, store=None, evidence=evidence, rolling_step=ROLLING_STEP)
+    window = OnlineGate(
+        TARGET, evidence=evidence, labels=LabelOptions(seed=1), trust=TrustOptions(store=None)
+    )
+    gate = OnlineGate(
+        TARGET,
+        evidence=evidence,
+        risk=RiskOptions(rolling_step=ROLLING_STEP),
+        labels=LabelOptions(seed=1),
+        trust=TrustOptions(store=None),
+    )
     assert gate.tau == window.tau < 1.0
     for i in range(200):  # clean traffic: it grows more permissive, a candidate per 10 queries
         gate.observe(gate.decide(None), None, None, key=f"n{i}")
@@ -398,7 +444,12 @@ def rolled():
     out = {}
     for name, (segments, gradual) in SCENARIOS.items():
         stream = simulated_stream(segments, 101, gradual)
-        gate = OnlineGate(TARGET, seed=101, store=None, rolling_step=ROLLING_STEP)
+        gate = OnlineGate(
+            TARGET,
+            risk=RiskOptions(rolling_step=ROLLING_STEP),
+            labels=LabelOptions(seed=101),
+            trust=TrustOptions(store=None),
+        )
         out[name] = summarise(stream, replay(stream, gate, seed=101), TARGET, default_taus(), 1000)
     return out
 

@@ -17,7 +17,7 @@ from langgraph.store.memory import InMemoryStore
 
 from helpers import judge, speculator
 from speceyes_graph import create_speceyes_graph
-from speceyes_graph.gate.online import OnlineGate
+from speceyes_graph.gate.online import LabelOptions, OnlineGate, RiskOptions, TrustOptions
 from speceyes_graph.models import ScriptedChatModel
 from speceyes_graph.protocol import message_text
 
@@ -46,7 +46,7 @@ def agent(answer="A", gate: threading.Event | None = None, fail: bool = False):
         if gate is not None:
             assert gate.wait(30)
         if fail:
-            raise RuntimeError("the agent's server is down")
+            raise ConnectionError("the agent's server is down")
         q = "".join(message_text(m) for m in msgs if m.type == "human")
         said = answer(q) if callable(answer) else answer
         return f"<think>ok</think><answer>{said}</answer>"
@@ -72,7 +72,9 @@ def test_each_query_records_its_tau_and_shadow_and_every_label_comes_back(scene)
     """Drafts at separability 9 (score 0.9955 > 0.98: accepted) and 5 (0.95: rejected); the
     agent agrees with even questions' drafts. Every query is observed once; rejected ones
     carry the agent's verdict, shadowed ones the shadow run's, the rest no label."""
-    gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=1000, window=1000, seed=1)  # tau stays at 0.98
+    gate = OnlineGate(
+        0.05, 0.5, tau=0.98, risk=RiskOptions(window=1000, warmup=1000), labels=LabelOptions(seed=1)
+    )  # tau stays at 0.98
     graph = build(agent(lambda q: "A" if number(q) % 2 == 0 else "B"), gate).compile()
     qs = [query(scene, i, 9.0 if i < 30 else 5.0) for i in range(40)]
     outs = graph.batch(qs, {"max_concurrency": 1})  # in order: entries follow the queries
@@ -100,7 +102,9 @@ def test_a_shadow_run_never_delays_the_answer(scene):
     """The agent blocks until released: the accepted draft's answer returns while its shadow
     run is still waiting on the agent; the label lands once it is released."""
     release = threading.Event()
-    gate = OnlineGate(0.05, 1.0, tau=0.98, warmup=100, seed=0)
+    gate = OnlineGate(
+        0.05, 1.0, tau=0.98, risk=RiskOptions(warmup=100), labels=LabelOptions(seed=0)
+    )
     graph = build(agent("A", gate=release), gate).compile()
     out = graph.invoke(query(scene, 0))
     assert out["route"] == "speculative" and out["answer"] == "A" and out["draft"]["shadowed"]
@@ -117,7 +121,13 @@ def test_a_failed_or_dropped_shadow_loses_only_its_label(scene):
     """One shadow at a time and no queue: with the first shadow blocked, the next two are
     dropped (counted); a failing agent fails its shadow. Every answer stands."""
     release = threading.Event()
-    gate = OnlineGate(0.05, 1.0, tau=0.98, warmup=100, shadow_concurrency=1, shadow_queue=0, seed=0)
+    gate = OnlineGate(
+        0.05,
+        1.0,
+        tau=0.98,
+        risk=RiskOptions(warmup=100),
+        labels=LabelOptions(concurrency=1, queue=0, seed=0),
+    )
     graph = build(agent("A", gate=release), gate).compile()
     outs = [graph.invoke(query(scene, i)) for i in range(3)]
     assert [o["answer"] for o in outs] == ["A"] * 3
@@ -126,7 +136,9 @@ def test_a_failed_or_dropped_shadow_loses_only_its_label(scene):
     assert gate.shadows.drain(30)
     assert [o.disagrees for o in entries(gate)] == [False, None, None]
 
-    gate = OnlineGate(0.05, 1.0, tau=0.98, warmup=100, seed=0)
+    gate = OnlineGate(
+        0.05, 1.0, tau=0.98, risk=RiskOptions(warmup=100), labels=LabelOptions(seed=0)
+    )
     out = build(agent(fail=True), gate).compile().invoke(query(scene, 0))
     assert out["answer"] == "A" and out["error"] is None
     assert gate.shadows.drain(30)
@@ -146,13 +158,17 @@ def in_order(graph, gate: OnlineGate, queries: list[dict]) -> list[dict]:
 def test_tau_moves_up_when_drafts_disagree_and_down_when_they_agree(scene):
     """Confident drafts (0.9955) the agent contradicts: the gate stops accepting them.
     Drafts at 0.95 (below the published 0.98) the agent confirms: it starts accepting them."""
-    gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=20, window=200, seed=0)
+    gate = OnlineGate(
+        0.05, 0.5, tau=0.98, risk=RiskOptions(window=200, warmup=20), labels=LabelOptions(seed=0)
+    )
     graph = build(agent("B"), gate).compile()
     outs = in_order(graph, gate, [query(scene, i, 9.0) for i in range(60)])
     assert gate.tau > 0.9955
     assert [o["route"] for o in outs[30:]] == ["rejected-agentic"] * 30
 
-    gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=20, window=200, seed=0)
+    gate = OnlineGate(
+        0.05, 0.5, tau=0.98, risk=RiskOptions(window=200, warmup=20), labels=LabelOptions(seed=0)
+    )
     graph = build(agent("A"), gate).compile()
     outs = in_order(graph, gate, [query(scene, i, 5.0) for i in range(80)])
     routes = [o["route"] for o in outs]
@@ -162,14 +178,18 @@ def test_tau_moves_up_when_drafts_disagree_and_down_when_they_agree(scene):
 
 
 def test_judged_agentic_queries_count_and_a_context_tau_is_not_observed(scene):
-    gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=100, seed=0)
+    gate = OnlineGate(
+        0.05, 0.5, tau=0.98, risk=RiskOptions(warmup=100), labels=LabelOptions(seed=0)
+    )
     graph = build(agent("A"), gate, judge_rule="yes").compile()
     out = graph.invoke(query(scene, 0))
     assert out["route"] == "judged-agentic" and out["draft"] is None
     [obs] = entries(gate)
     assert obs.score is None and not obs.accepted
 
-    gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=100, seed=0)
+    gate = OnlineGate(
+        0.05, 0.5, tau=0.98, risk=RiskOptions(warmup=100), labels=LabelOptions(seed=0)
+    )
     graph = build(agent("A"), gate).compile()
     out = graph.invoke(query(scene, 0, 5.0), context={"tau": 0.9})
     assert out["route"] == "speculative" and "tau" not in out["draft"]
@@ -177,7 +197,9 @@ def test_judged_agentic_queries_count_and_a_context_tau_is_not_observed(scene):
 
 
 async def test_abatch_gates_online_too(scene):
-    gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=100, seed=0)
+    gate = OnlineGate(
+        0.05, 0.5, tau=0.98, risk=RiskOptions(warmup=100), labels=LabelOptions(seed=0)
+    )
     graph = build(agent(lambda q: "A" if number(q) == 1 else "B"), gate).compile()
     outs = await graph.abatch([query(scene, i, 9.0 if i % 2 else 5.0) for i in range(10)])
     assert gate.shadows.drain(30)
@@ -203,7 +225,9 @@ def test_a_reused_thread_and_a_redelivered_run_are_observed_once_each(scene):
     """On a checkpointer thread each run is its own query. A run whose worker died after the
     gate observed it, taken over with the same run id (as a server redelivers it), runs the
     gate again and replaces its entry instead of adding one."""
-    gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=100, seed=0)
+    gate = OnlineGate(
+        0.05, 0.5, tau=0.98, risk=RiskOptions(warmup=100), labels=LabelOptions(seed=0)
+    )
     saver = DiesAfterTheGate()
     saver.dying = False
     graph = build(agent("A"), gate).compile(checkpointer=saver)
@@ -226,8 +250,10 @@ def test_workers_sharing_a_store_share_one_gate(scene, shared_store):
     """Two workers (two graphs, each with a gate of its own, as two processes have) over one
     store: what one labels moves the other's tau. Worker A sees confident drafts the agent
     contradicts; worker B, which has seen nothing itself, stops accepting them too."""
+    risk, trust = RiskOptions(window=200, warmup=20), TrustOptions(sync_s=0.0, key=KEY)
     gates = [
-        OnlineGate(0.05, 0.5, tau=0.98, warmup=20, window=200, seed=s, sync_s=0.0, key=KEY) for s in (0, 1)
+        OnlineGate(0.05, 0.5, tau=0.98, risk=risk, labels=LabelOptions(seed=s), trust=trust)
+        for s in (0, 1)
     ]
     graphs = [build(agent("B"), g).compile(store=shared_store) for g in gates]
     graphs[0].batch([query(scene, i, 9.0) for i in range(40)], {"max_concurrency": 4})
@@ -248,7 +274,14 @@ def test_a_store_that_fails_loses_labels_not_answers(scene):
         def batch(self, ops):
             raise ConnectionError("the store is unreachable")
 
-    gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=100, seed=0, key=KEY)
+    gate = OnlineGate(
+        0.05,
+        0.5,
+        tau=0.98,
+        risk=RiskOptions(warmup=100),
+        labels=LabelOptions(seed=0),
+        trust=TrustOptions(key=KEY),
+    )
     graph = build(agent("B"), gate).compile(store=Down())
     outs = graph.batch([query(scene, i, 9.0 if i % 2 else 5.0) for i in range(4)])
     assert gate.shadows.drain(30)
@@ -285,7 +318,9 @@ def test_the_report_shows_the_online_gate_path(scene, tmp_path):
         BenchQuery(f"q{i}", query(scene, i, 9.0)["question"], "A", "all", OPTIONS, image=scene)
         for i in range(40)
     ]
-    gate = OnlineGate(0.05, 0.5, tau=0.98, warmup=10, window=100, seed=0)
+    gate = OnlineGate(
+        0.05, 0.5, tau=0.98, risk=RiskOptions(window=100, warmup=10), labels=LabelOptions(seed=0)
+    )
     online = build(agent("B"), gate).compile()
     run_benchmark(online, queries, tmp_path / "online", mode="speceyes", concurrency=1,
                   progress=False, settings={"max_risk": 0.05})  # fmt: skip

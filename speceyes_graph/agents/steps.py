@@ -40,7 +40,7 @@ from speceyes_tools.deadlines import (
 from speceyes_tools.images import ImageStore, ResizeSpec, store_scope
 from speceyes_tools.python_tool import sandbox_image_path
 
-from ..effects import Blocking, ModelCall, Steps
+from ..effects import Blocking, ModelCall, Steps, unavailable
 from ..messages import Protocol, bare_model, dehydrate, for_model, to_wire, user_message
 from ..prompts import Prompts, thyme_user_prompt
 from ..protocol import extract_answer, message_text, parse_deepeyes, parse_thyme
@@ -175,7 +175,13 @@ class LoopSteps:
                 "started_at": started,
                 "messages": new,
                 "error": f"agent model: {type(exc).__name__}: {exc}",
-                "stop_reason": "deadline" if isinstance(exc, DeadlineExceeded) else "error",
+                "stop_reason": (
+                    "deadline"
+                    if isinstance(exc, DeadlineExceeded)
+                    else "unavailable"
+                    if unavailable(exc)
+                    else "error"
+                ),
             }
         return self.record(state, started, new, reply, latency)
 

@@ -156,10 +156,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings["gate"] = gate
     online = None
     if args.max_risk is not None:  # the online gate, starting from this gate
-        from ..gate.online import OnlineGate
+        from ..gate.online import OnlineGate, RiskOptions
 
         online = settings["gate"] = OnlineGate(
-            args.max_risk, args.shadow_rate, config=gate, warmup=args.gate_warmup
+            args.max_risk, args.shadow_rate, config=gate, risk=RiskOptions(warmup=args.gate_warmup)
         )
     if args.tools == "thyme" and "prompts" not in settings:
         from ..prompts import Prompts

@@ -14,7 +14,14 @@ from typing import Any
 def cmd_replay_online(args: argparse.Namespace) -> int:
     from ..benchmarks.online_replay import replay, stream_from_records, summarise
     from ..benchmarks.runner import read_records
-    from ..gate.online import BudgetShadows, MarginShadows, OnlineGate
+    from ..gate.online import (
+        BudgetShadows,
+        LabelOptions,
+        MarginShadows,
+        OnlineGate,
+        RiskOptions,
+        TrustOptions,
+    )
 
     runs = []
     for folder in args.runs:
@@ -38,9 +45,11 @@ def cmd_replay_online(args: argparse.Namespace) -> int:
         shadows = BudgetShadows(args.shadow_budget)
     if args.shadow_margin is not None:
         shadows = MarginShadows(*args.shadow_margin)
+    sized = {"window": args.gate_window} if args.gate_window else {}
     gate = OnlineGate(
-        args.max_risk, shadows, tau=args.tau, config=args.gate, seed=args.seed, store=None,
-        rolling_step=args.rolling, **({"window": args.gate_window} if args.gate_window else {}),
+        args.max_risk, shadows, tau=args.tau, config=args.gate,
+        risk=RiskOptions(rolling_step=args.rolling, **sized),
+        labels=LabelOptions(seed=args.seed), trust=TrustOptions(store=None),
     )  # fmt: skip
     log = replay(stream, gate, seed=args.seed)
     summary = summarise(stream, log, args.max_risk, list(gate.taus), window=args.window)

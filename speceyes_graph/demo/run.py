@@ -24,7 +24,7 @@ from ..agents.loop import LoopOptions
 from ..benchmarks.datasets import BenchQuery
 from ..benchmarks.report import build_report, write_report
 from ..benchmarks.runner import read_records, run_benchmark
-from ..gate.online import OnlineGate, read_evidence
+from ..gate.online import LabelOptions, OnlineGate, TrustOptions, read_evidence
 from ..gate.separability import GateConfig
 from ..graph.build import create_speceyes_graph
 from ..graph.drawing import draw
@@ -182,8 +182,8 @@ def demo_online_gate(max_risk: float = 0.05, shadow_rate: float | None = None) -
         shadow_rate,
         config=DEMO_GRAPH_SETTINGS["gate"],
         evidence=read_evidence(DEMO_GATE_EVIDENCE),
-        seed=0,
-        store=None,
+        labels=LabelOptions(seed=0),
+        trust=TrustOptions(store=None),
     )
 
 

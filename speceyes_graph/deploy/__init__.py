@@ -30,14 +30,19 @@ def langgraph_config() -> dict[str, Any]:
 
 
 def aegra_config() -> dict[str, Any]:
-    """An ``aegra.json``: the same graphs and routes, by the file paths of this install's
-    ``serve.py`` and ``deploy/routes.py``."""
+    """An ``aegra.json``: the same graphs, routes and auth, by the file paths of this
+    install's ``serve.py``, ``deploy/routes.py`` and ``deploy/auth.py``."""
     serve_py, routes_py = _module_file("speceyes_graph.serve"), _module_file(__name__ + ".routes")
+    auth_py = _module_file(__name__ + ".auth")
     graphs = {
         graph_id: f"{serve_py}:{spec['path'].rsplit(':', 1)[1]}"
         for graph_id, spec in langgraph_config()["graphs"].items()
     }
-    return {"graphs": graphs, "http": {"app": f"{routes_py}:app"}}
+    return {
+        "graphs": graphs,
+        "http": {"app": f"{routes_py}:app"},
+        "auth": {"path": f"{auth_py}:auth"},
+    }
 
 
 def _module_file(module: str) -> Path:

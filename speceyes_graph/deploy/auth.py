@@ -17,19 +17,33 @@ answers are its maker's: :func:`owner_scope` is LangGraph's documented pattern, 
 identity stamped as ``owner`` metadata on each thread, run and cron it makes, and a filter on
 that owner on every read, search, update, delete and run.
 
-- ``auth``: for servers without authentication of their own (``langgraph dev``, a
-  self-hosted open server): anyone may call, as before, with the gate's namespace refused to
-  all (HTTP 403) and threads scoped to their owner. Every caller of an open server is the
-  same ``"anonymous"`` identity, so there any client still sees and writes every thread;
-  what that leaves a client is said in docs/deployment.md. The shipped ``langgraph.json``
-  names it. On a server configured for LangSmith authentication (LangGraph Platform's
-  default) it lets no request in, rather than replace that authentication with none.
-- :func:`make_auth`: the same rules over your own ``authenticate`` (identities: tokens, a
-  gateway's header), so each caller sees only their own threads.
-- :func:`refuse_gate_state` and :func:`owner_scope`: the rules alone, for your own handlers.
+Assistants are the third: an assistant's context is a run's settings, and a client that
+could change a graph's default assistant would change every other caller's runs.
+:func:`assistant_scope` gives assistants the owner rule too, leaves the server's own
+default assistants unchangeable, and on a server without identities refuses assistant
+writes altogether unless the operator opts in. (What a run may set at all, whoever's
+assistant it runs, is the deployment's allow-list: :mod:`speceyes_graph.settings`.) Store
+items outside the gate's namespace are filed under their caller's identity
+(:func:`store_scope`).
 
-Aegra files every client's store items under ``("users", <identity>)``, so a client cannot
-name the gate's namespace at all; its threads follow its own auth handlers.
+- ``auth``: for servers without authentication of their own (``langgraph dev``, Aegra
+  without an auth file, a self-hosted open server): anyone may call, as before, with the
+  gate's namespace refused to all (HTTP 403), threads scoped to their owner and assistant
+  writes refused (``SPECEYES_OPEN_ASSISTANT_WRITES=1`` allows them). Every caller of an
+  open server is the same ``"anonymous"`` identity, so there any client still sees and
+  writes every thread and store item; what that leaves a client is said in
+  docs/deployment.md. The shipped ``langgraph.json`` and ``speceyes serve-config``'s
+  ``aegra.json`` name it. On a server configured for LangSmith authentication (LangGraph
+  Platform's default) it lets no request in, rather than replace that authentication with
+  none.
+- :func:`make_auth`: the same rules over your own ``authenticate`` (identities: tokens, a
+  gateway's header), so each caller sees only their own threads, assistants and store
+  items.
+- :func:`refuse_gate_state`, :func:`owner_scope`, :func:`assistant_scope` and
+  :func:`store_scope`: the rules alone, for your own handlers.
+
+Aegra files every client's store items under ``("users", <identity>)`` and its assistants by
+owner itself; these rules add the refusals.
 """
 
 from __future__ import annotations
@@ -40,7 +54,17 @@ from typing import Any
 
 from langgraph_sdk import Auth
 
-__all__ = ["GATE_NAMESPACE", "OWNER", "auth", "make_auth", "owner_scope", "refuse_gate_state"]
+__all__ = [
+    "ASSISTANT_WRITES_ENV",
+    "GATE_NAMESPACE",
+    "OWNER",
+    "assistant_scope",
+    "auth",
+    "make_auth",
+    "owner_scope",
+    "refuse_gate_state",
+    "store_scope",
+]
 
 GATE_NAMESPACE = ("speceyes", "online_gate")
 
@@ -110,18 +134,81 @@ async def _anyone(headers: Mapping[bytes, bytes]) -> Auth.types.MinimalUserDict:
     return {"identity": "anonymous"}
 
 
-def make_auth(authenticate: Callable[..., Awaitable[Any]] | None = None) -> Auth:
+ASSISTANT_WRITES_ENV = "SPECEYES_OPEN_ASSISTANT_WRITES"
+"""Set to ``1`` to let the callers of an open server (no identities) make, change and delete
+assistants of their own (they still share them: every caller is the same identity)."""
+
+
+def assistant_scope(ctx: Auth.types.AuthContext, value: Any, writes: bool) -> Auth.types.FilterType:
+    """Assistants as threads are: what a caller makes carries its identity as ``owner``,
+    and it changes or deletes only those (a server's default assistants, which it made
+    itself, carry none: no client changes the graphs' defaults); it reads and runs its own
+    and the server's. ``writes`` False (a server without identities, unless its operator
+    opted in) refuses every change: the assistants are the operator's."""
+    if ctx.action in ("create", "update", "delete") and not writes:
+        raise Auth.exceptions.HTTPException(
+            status_code=403,
+            detail=(
+                "assistants are the operator's on a server without identities: "
+                f"set {ASSISTANT_WRITES_ENV}=1 to let callers make their own, or give the "
+                "server identities (speceyes_graph.deploy.auth.make_auth)"
+            ),
+        )
+    if ctx.action in ("create", "update"):
+        if isinstance(value, dict) and isinstance(value.get("metadata"), dict):
+            value["metadata"].pop("created_by", None)  # the server's mark for its own
+        return owner_scope(ctx, value)
+    if ctx.action == "delete":
+        return {OWNER: ctx.user.identity}
+    # LangGraph's servers take "$or" (at most two levels); its FilterType does not say so
+    mine_or_the_servers: Any = [{OWNER: ctx.user.identity}, {"created_by": "system"}]
+    return {"$or": mine_or_the_servers}
+
+
+def store_scope(ctx: Auth.types.AuthContext, value: dict[str, Any]) -> None:
+    """The gate's entries refused (:func:`refuse_gate_state`), and every other item under
+    the caller's identity: its namespaces are prefixed with it (LangGraph's documented
+    pattern), so one caller neither reads nor overwrites another's. On an open server every
+    caller is ``"anonymous"``: they share one prefix."""
+    refuse_gate_state(value)
+    for field in ("namespace", "namespace_prefix"):
+        namespace = value.get(field)
+        if namespace is not None:
+            parts = namespace.split(".") if isinstance(namespace, str) else list(namespace)
+            value[field] = (ctx.user.identity, *parts)
+
+
+def make_auth(
+    authenticate: Callable[..., Awaitable[Any]] | None = None,
+    *,
+    open_assistant_writes: bool | None = None,
+) -> Auth:
     """The shipped rules over ``authenticate`` (an ``@auth.authenticate`` handler; default:
-    anyone, as ``"anonymous"``): the gate's namespace refused in the store, threads and
-    crons scoped to their owner, assistants open. Name the result in ``langgraph.json``'s
-    ``auth.path``."""
+    anyone, as ``"anonymous"``): the gate's namespace refused in the store and every other
+    store item under its caller's identity, threads, crons and assistants scoped to their
+    owner, the server's default assistants unchangeable. Without ``authenticate`` (no
+    identities) assistant writes are refused unless ``open_assistant_writes`` (default:
+    ``SPECEYES_OPEN_ASSISTANT_WRITES=1``). Name the result in ``langgraph.json``'s (or
+    ``aegra.json``'s) ``auth.path``."""
     auth = Auth()
     auth.authenticate(authenticate or _anyone)
+    identities = authenticate is not None
+
+    def writes() -> bool:
+        if identities:
+            return True
+        if open_assistant_writes is not None:
+            return open_assistant_writes
+        return os.environ.get(ASSISTANT_WRITES_ENV, "") == "1"
 
     @auth.on
     async def _open(ctx: Auth.types.AuthContext, value: Any) -> None:
-        """Assistants and the rest: open, as on a server without authentication."""
+        """Anything without a rule of its own: open, as on a server without authentication."""
         return None
+
+    @auth.on.assistants
+    async def _assistants(ctx: Auth.types.AuthContext, value: Any) -> Auth.types.FilterType:
+        return assistant_scope(ctx, value, writes())
 
     @auth.on.threads
     async def _threads(ctx: Auth.types.AuthContext, value: Any) -> Auth.types.FilterType:
@@ -133,7 +220,7 @@ def make_auth(authenticate: Callable[..., Awaitable[Any]] | None = None) -> Auth
 
     @auth.on.store()
     async def _store(ctx: Auth.types.AuthContext, value: dict[str, Any]) -> None:
-        refuse_gate_state(value)
+        store_scope(ctx, value)
 
     return auth
 

@@ -5,17 +5,18 @@
 - :mod:`.calibration`: a tau from labelled queries (``speceyes calibrate``), the gate file;
   :mod:`.label_free`: a tau without labels; :mod:`.drift`: whether traffic moved.
 - :mod:`.online`: :class:`OnlineGate`, tau from the labels production gives, with an exact
-  bound; :mod:`.window` (the window's estimate, bound and certified tau), :mod:`.shadowing`
-  (which accepted drafts the agent verifies), :mod:`.ledger` and
-  :mod:`.keys` (the signed entries workers share through a store), :mod:`.online_steps` (the
-  graph's and middleware's steps around it).
+  bound, its settings grouped by concern (:mod:`.gate_options`: :class:`RiskOptions`,
+  :class:`LabelOptions`, :class:`TrustOptions`); :mod:`.window` (the window's estimate,
+  bound and certified tau), :mod:`.shadowing` (which accepted drafts the agent verifies),
+  :mod:`.ledger` and :mod:`.keys` (the signed entries workers share through a store),
+  :mod:`.online_steps` (the graph's and middleware's steps around it).
 
 May import: the vocabulary modules at the package's top (``state``, ``effects``,
 ``prompts``, ``protocol``, ``answers``) and :mod:`speceyes_graph.models`; nothing that
 builds a graph, an agent or an integration.
 """
 
-from .online import OnlineGate
+from .online import LabelOptions, OnlineGate, RiskOptions, TrustOptions
 from .separability import (
     GateConfig,
     SeparabilityError,
@@ -27,8 +28,11 @@ from .separability import (
 
 __all__ = [
     "GateConfig",
+    "LabelOptions",
     "OnlineGate",
+    "RiskOptions",
     "SeparabilityError",
+    "TrustOptions",
     "acceptance_score",
     "answer_separability",
     "answer_separability_from_logprobs",

@@ -36,8 +36,8 @@ class MissingGateKey(ValueError):
         super().__init__(
             f"{what}: the online gate signs what it writes to a shared store, so that entries "
             f"written by anyone else are ignored; set {ENV} to the same secret on every worker "
-            "(python -c 'import secrets; print(secrets.token_hex(32))'), or pass key= to "
-            "OnlineGate"
+            "(python -c 'import secrets; print(secrets.token_hex(32))'), or pass "
+            "trust=TrustOptions(key=...) to OnlineGate"
         )
 
 

@@ -52,7 +52,8 @@ __all__ = [
     "read_entry",
 ]
 
-ENTRY_VERSION = 3  # 3: its worker and bound draft; 2: its shadow chance (older are skipped)
+ENTRY_VERSION = 4  # 4: its source; 3: its worker and bound draft; 2: its shadow chance
+# (older are skipped)
 MIN_CHANCE = 0.01  # a shadow chance below this is not one a gate gives (weights up to 100)
 CLOCK_SKEW_S = 300.0  # how far ahead of this worker's clock another's entry may be dated
 
@@ -74,6 +75,10 @@ class Observation:
     # a rejected draft's label still to come: a digest of the draft it was decided on, so
     # that the same run redelivered to another worker can label it (that draft alone)
     bound: str = ""
+    # who sent the query: a digest of the caller's identity, an open server's burst of
+    # traffic ("~" and its minute), or "" in one process; a window holds at most its share
+    # of any one source's
+    source: str = ""
 
 
 class GateLedger(Protocol):
@@ -99,13 +104,21 @@ class GateLedger(Protocol):
 
 class _Window:
     """The last ``size`` observations by key, oldest first (a label replacing its query's
-    entry keeps that entry's place)."""
+    entry keeps that entry's place), at most ``cap`` of them from any one source (None: no
+    cap). A source's entries past its cap make room by dropping its own oldest, never
+    another's: one caller's traffic cannot push the others' evidence out."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, cap: int | None = None) -> None:
+        self.size, self.cap = size, cap
         self.items: dict[str, Observation] = {}
 
     def put(self, key: str, obs: Observation) -> bool:
+        if key not in self.items and self.cap is not None and obs.source:
+            own = [k for k, o in self.items.items() if o.source == obs.source]
+            if len(own) >= self.cap:
+                if obs.at < self.items[own[0]].at:
+                    return False  # older than all it keeps of its source
+                del self.items[own[0]]
         if key not in self.items and len(self.items) >= self.size:
             oldest = next(iter(self.items.values()))
             if obs.at < oldest.at:
@@ -114,10 +127,20 @@ class _Window:
         return True
 
     def replace(self, found: dict[str, Observation]) -> list[str]:
-        """Become the last ``size`` of ``found``; returns the keys that fell out."""
-        ordered = sorted(found.items(), key=lambda kv: kv[1].at)
-        self.items = dict(ordered[-self.size :])
-        return [k for k, _ in ordered[: -self.size]] if len(ordered) > self.size else []
+        """Become the last ``size`` of ``found`` (each source's last ``cap``); returns the
+        keys that fell out."""
+        kept: list[tuple[str, Observation]] = []
+        fell_out: list[str] = []
+        per_source: Counter[str] = Counter()
+        for key, obs in sorted(found.items(), key=lambda kv: kv[1].at, reverse=True):
+            capped = self.cap is not None and obs.source and per_source[obs.source] >= self.cap
+            if len(kept) >= self.size or capped:
+                fell_out.append(key)
+                continue
+            per_source[obs.source] += 1
+            kept.append((key, obs))
+        self.items = dict(reversed(kept))
+        return fell_out
 
     def trim(self) -> None:
         while len(self.items) > self.size:
@@ -130,8 +153,8 @@ class MemoryLedger:
 
     shared = False
 
-    def __init__(self, window: int) -> None:
-        self._window = _Window(window)
+    def __init__(self, window: int, cap: int | None = None) -> None:
+        self._window = _Window(window, cap)
         self._lock = threading.Lock()
         self.skipped: Mapping[str, int] = {}
 
@@ -175,6 +198,7 @@ def entry_fields(observation: Observation) -> dict[str, Any]:
         "chance": float(o.chance),
         "by": o.by,
         "bound": o.bound,
+        "source": o.source,
     }
 
 
@@ -195,12 +219,12 @@ def read_entry(
     at, score, chance = (_number(value.get(f)) for f in ("at", "score", "chance"))
     accepted, shadowed, failed = (_flag(value.get(f)) for f in ("accepted", "shadowed", "failed"))
     disagrees = _flag(value.get("disagrees"))
-    by, bound = value.get("by"), value.get("bound")
+    by, bound, source = (value.get(f) for f in ("by", "bound", "source"))
     if (
         not isinstance(by, str)
-        or len(by) > 64
         or not isinstance(bound, str)
-        or len(bound) > 64
+        or not isinstance(source, str)
+        or max(len(by), len(bound), len(source)) > 64
         or at is None
         or chance is None
         or (score is None and value.get("score") is not None)
@@ -210,7 +234,9 @@ def read_entry(
         or (disagrees is None and value.get("disagrees") is not None)
     ):
         return "malformed"
-    observation = Observation(at, score, accepted, shadowed, disagrees, failed, chance, by, bound)
+    observation = Observation(
+        at, score, accepted, shadowed, disagrees, failed, chance, by, bound, source
+    )
     o = observation
     if (
         o.at <= 0
@@ -277,6 +303,7 @@ class StoreLedger(MemoryLedger):
         beat_s: how often a worker signs a sign of life beside its entries (on a read or a
             write, at most this often); a worker silent for three of these is taken for
             dead, and its shadows still in flight stop holding back the fleet's window.
+        cap: at most this many of the window's entries from any one source (None: no cap).
     """
 
     shared = True
@@ -293,8 +320,9 @@ class StoreLedger(MemoryLedger):
         stale_s: float | None = None,
         max_entries: int | None = None,
         beat_s: float = 10.0,
+        cap: int | None = None,
     ) -> None:
-        super().__init__(window)
+        super().__init__(window, cap)
         self.worker = uuid.uuid4().hex[:16]
         self.beat_s = beat_s
         self._beat_at = 0.0  # when this worker last signed its sign of life

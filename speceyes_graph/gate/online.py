@@ -34,8 +34,8 @@ independently of their outcome, and given which drafts the gate accepted. The ne
 differ from the window by sampling noise and by drift: the gate reacts within about a
 window, and its realised risk, its acceptance against the best fixed tau in hindsight and
 its agent calls, measured on simulated traffic with abrupt and gradual drift, are in
-``docs/calibration.md``. ``rolling_step=`` swaps the window's certified tau for rolling
-risk control (:mod:`~speceyes_graph.gate.rolling`): the long-run *average* risk bounded
+``docs/calibration.md``. ``RiskOptions(rolling_step=...)`` swaps the window's certified tau
+for rolling risk control (:mod:`~speceyes_graph.gate.rolling`): the long-run *average* risk bounded
 under any drift, with no level for any stretch of traffic.
 
 **In the graph.** ``create_speceyes_graph(gate=OnlineGate(...))`` gates each tool-free
@@ -60,6 +60,7 @@ disagreeing: a failure gives no agreement (docs/calibration.md, "What it trusts"
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -76,6 +77,7 @@ import numpy as np
 from langgraph.store.base import BaseStore
 
 from .bounds import count_upper_bound, upper_bound
+from .gate_options import DEFAULT_WINDOW, LabelOptions, RiskOptions, TrustOptions
 from .keys import GateKeys, MissingGateKey
 from .ledger import MIN_CHANCE, GateLedger, MemoryLedger, Observation, StoreLedger
 from .rolling import RollingControl
@@ -98,10 +100,13 @@ __all__ = [
     "FlatShadows",
     "GateDecision",
     "LabelFlow",
+    "LabelOptions",
     "MarginShadows",
     "OnlineGate",
+    "RiskOptions",
     "ShadowPolicy",
     "ShadowRuns",
+    "TrustOptions",
     "count_upper_bound",
     "default_taus",
     "read_evidence",
@@ -175,9 +180,23 @@ def read_evidence(path: str | Path) -> list[tuple[float | None, bool]]:
 DEFAULT_SHADOWS: ShadowPolicy = FlatShadows(0.5)
 """The shadow policy a gate uses unless told otherwise (docs/calibration.md: measured)."""
 
-DEFAULT_WINDOW = 1000
-"""How many recent queries a gate's window holds unless told otherwise (measured beside
-the shadow policy: docs/calibration.md)."""
+ANONYMOUS = "anonymous"
+"""The identity every caller of an open server has (``speceyes_graph.deploy.auth.auth``)."""
+
+
+def _starting_point(
+    config: GateConfig | str | Path | None,
+    evidence: Sequence[tuple[float | None, bool]] | None,
+    tau: float | None,
+) -> tuple[GateConfig, Sequence[tuple[float | None, bool]] | None]:
+    """The score a gate gates and the tau it starts from (``tau``, else the config's, else
+    1.0: nothing accepted until certified), and its evidence: a gate file's unless
+    ``evidence`` is given."""
+    if isinstance(config, (str, Path)):
+        evidence = read_evidence(config) if evidence is None else evidence
+        config = GateConfig.load(config)
+    start = tau if tau is not None else (config.tau if config is not None else 1.0)
+    return (config or GateConfig()).replace(tau=start), evidence
 
 
 class OnlineGate:
@@ -189,52 +208,22 @@ class OnlineGate:
         shadow_rate: which accepted drafts the agent verifies off the user's path: a
             :class:`~speceyes_graph.gate.shadowing.ShadowPolicy`, or a number for a flat chance
             (default :data:`DEFAULT_SHADOWS`).
-        tolerance: the window's exact bound (at level ``delta``) must stay at or below
-            ``tolerance * max_risk`` too.
-        delta: the level of each window's bound.
-        window: how many recent queries the estimate uses.
-        tau: where it starts; default the ``config``'s tau when one is given (a gate file's,
-            the label-free estimate of ``speceyes calibrate --unlabelled``), else 1.0: no
-            draft is accepted until the window (or ``evidence``) certifies a tau.
         config: the score it gates (K, aggregation, alpha) and its starting tau: a
             :class:`~speceyes_graph.gate.separability.GateConfig` or a gate file's path (whose
             labelled ``evidence``, when it keeps some, seeds the window).
         evidence: labelled queries to start from, (separability or None, disagrees) each
             (:func:`read_evidence`): they fill the window until live traffic replaces them.
-        warmup: queries in the window (evidence included) before tau moves from where it
-            started; default ``ceil(ln(1/delta) / max_risk)``, the fewest in which a bound
-            at level ``delta`` can reach ``max_risk`` at all.
-        taus: the candidate taus (default :func:`default_taus`).
-        seed: for the shadow draws (None: random).
-        store: where the observations live. ``"run"`` (default): the run's LangGraph store
-            when the graph has one (``langgraph dev``, Aegra, LangGraph Platform, or
-            ``compile(store=...)``), so every worker shares one gate; else this process's
-            memory. None: always this process's memory. A ``BaseStore``: that store.
-        namespace: the gate's name in the store (one per gate of a deployment).
-        shadow_concurrency: shadow runs at once (:class:`ShadowRuns`).
-        shadow_queue: shadow runs waiting; past that a shadow is dropped (its label lost).
-        sync_s: how often a worker reads the other workers' observations.
-        key: the secret that signs the gate's entries in a shared store, the same on every
-            worker (a list: the first signs, all verify, for rotation); default
-            ``SPECEYES_GATE_KEY``. Without one a gate refuses a shared store.
-        outage_tau: the least tau while the fleet's labels cannot be written or read, or
-            have not been read for a while (default the start tau; 1.0 accepts nothing).
-        max_age_s: observations older than this do not count (default a week; None: no
-            limit).
-        shadow_patience_s: the window counts the traffic up to the oldest shadow run still
-            under way, so that slow labels do not tighten it; a shadow in flight longer
-            than this holds nothing back (and never counts).
-        rolling_step: None (default): tau is the window's certified one. A number: rolling
-            risk control instead (:mod:`~speceyes_graph.gate.rolling`, the long-run
-            alternative), moving this many candidates per unit of loss, from where the
-            window (its evidence) puts tau; each worker moves its own.
-        shadow_stretch: how many of this worker's last shadows the label flow is judged on
-            (:class:`~speceyes_graph.gate.shadowing.LabelFlow`).
-        shadow_loss: more than this share of them giving no label (their runs failed, or
-            they were dropped while no run labelled for a minute) is trouble: tau at least
-            ``outage_tau`` until probes show labels flow again.
+        tau: where it starts; default the ``config``'s tau when one is given (a gate file's,
+            the label-free estimate of ``speceyes calibrate --unlabelled``), else 1.0: no
+            draft is accepted until the window (or ``evidence``) certifies a tau.
+        risk: the window the target is held on: tolerance, delta, its size, warm-up,
+            candidate taus, rolling risk control, evidence's age (:class:`RiskOptions`).
+        labels: the shadow runs that label accepted drafts (:class:`LabelOptions`).
+        trust: where observations live, whose entries count, and the least tau while they
+            cannot be vouched for (:class:`TrustOptions`).
 
-    Thread-safe: one gate serves every query of a process.
+    Each group checks its own values; the warm-up, whose default and range need
+    ``max_risk``, is checked here. Thread-safe: one gate serves every query of a process.
     """
 
     def __init__(
@@ -242,60 +231,28 @@ class OnlineGate:
         max_risk: float = 0.02,
         shadow_rate: float | ShadowPolicy | None = None,
         *,
-        tolerance: float = 1.5,
-        delta: float = 0.1,
-        window: int = DEFAULT_WINDOW,
-        tau: float | None = None,
         config: GateConfig | str | Path | None = None,
         evidence: Sequence[tuple[float | None, bool]] | None = None,
-        warmup: int | None = None,
-        taus: Sequence[float] | None = None,
-        seed: int | None = None,
-        store: BaseStore | Literal["run"] | None = "run",
-        namespace: str = "default",
-        shadow_concurrency: int = 2,
-        shadow_queue: int = 64,
-        sync_s: float = 1.0,
-        key: str | bytes | Sequence[str | bytes] | None = None,
-        outage_tau: float | None = None,
-        max_age_s: float | None = 7 * 86400.0,
-        shadow_patience_s: float = 300.0,
-        rolling_step: float | None = None,
-        shadow_stretch: int = 10,
-        shadow_loss: float = 0.5,
+        tau: float | None = None,
+        risk: RiskOptions | None = None,
+        labels: LabelOptions | None = None,
+        trust: TrustOptions | None = None,
     ) -> None:
         if not 0 < max_risk < 1:
             raise ValueError(f"max_risk must be in (0, 1), got {max_risk}")
-        if not 0 < delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {delta}")
-        if not tolerance >= 1:
-            raise ValueError(f"tolerance must be at least 1, got {tolerance}")
-        warmup = math.ceil(math.log(1 / delta) / max_risk) if warmup is None else warmup
-        if window < 2 or not 0 <= warmup <= window:
-            raise ValueError(f"window must be at least 2, warmup in 0..window: {window}, {warmup}")
-        if max_age_s is not None and not max_age_s > 0:
-            raise ValueError(f"max_age_s must be positive or None, got {max_age_s}")
+        self.risk_options = risk = RiskOptions() if risk is None else risk
+        self.label_options = labels = LabelOptions() if labels is None else labels
+        self.trust_options = trust = TrustOptions() if trust is None else trust
         self.shadow = shadow_policy(DEFAULT_SHADOWS if shadow_rate is None else shadow_rate)
-        if isinstance(config, (str, Path)):
-            evidence = read_evidence(config) if evidence is None else evidence
-            config = GateConfig.load(config)
-        start = tau if tau is not None else (config.tau if config is not None else 1.0)
-        self.config = (config or GateConfig()).replace(tau=start)
-        self.max_risk, self.tolerance, self.delta = max_risk, tolerance, delta
-        self.window, self.warmup, self.start_tau = window, warmup, self.config.tau
-        self.outage_tau = self.start_tau if outage_tau is None else outage_tau
-        if not 0 <= self.outage_tau <= 1:
-            raise ValueError(f"outage_tau must be in [0, 1], got {self.outage_tau}")
-        self.max_age_s = max_age_s
-        if not shadow_patience_s > 0:
-            raise ValueError(f"shadow_patience_s must be positive, got {shadow_patience_s}")
-        self.shadow_patience_s = shadow_patience_s
-        grid = default_taus() if taus is None else taus
-        self.taus = np.array(sorted({float(t) for t in grid} | {1.0}, reverse=True))
+        self.config, evidence = _starting_point(config, evidence, tau)
+        self.max_risk, self.start_tau = max_risk, self.config.tau
+        self._apply_risk(risk)
+        self._apply_labels(labels)
+        self._apply_trust(trust)
         self.seeds = [  # the oldest of the window: fully labelled, as rejected drafts are
             Observation(0.0, None if s is None else acceptance_score(s, self.config.alpha),
                         False, False, None if s is None else bool(y))
-            for s, y in list(evidence or [])[-window:]
+            for s, y in list(evidence or [])[-self.window:]
         ]  # fmt: skip
         self.tau = self.start_tau
         self.risk: float | None = None  # the window's estimate at tau, and its bound
@@ -306,24 +263,56 @@ class OnlineGate:
         self.trouble: str | None = None  # why the gate is tightened now, if it is
         self.refused: str | None = None  # why it keeps to this process's memory, if it does
         self.seen = 0  # observations this process made
-        self.namespace, self.sync_s = namespace, sync_s
-        self.keys = GateKeys(key) if key is not None else GateKeys.from_env()
-        self._store_choice = store
-        if isinstance(store, BaseStore) and self.keys is None:
-            raise MissingGateKey("OnlineGate(store=...)")
-        self.ledger: GateLedger = (
-            self._store_ledger(store) if isinstance(store, BaseStore) else MemoryLedger(window)
-        )
-        self.shadows = ShadowRuns(shadow_concurrency, shadow_queue)
-        self.label_flow = LabelFlow(shadow_stretch, shadow_loss)
         self.certified = self.tau  # the window's tau before any tightening
-        self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.rolling: RollingControl | None = None
         if self.seeds:
             self._refit()
-        if rolling_step is not None:
-            self.rolling = RollingControl(list(self.taus), max_risk, rolling_step, start=self.tau)
+        if risk.rolling_step is not None:
+            self.rolling = RollingControl(
+                list(self.taus), max_risk, risk.rolling_step, start=self.tau
+            )
+
+    def _apply_risk(self, risk: RiskOptions) -> None:
+        """The window's settings, and its warm-up: the default and the range need the
+        target, so they are checked here rather than by :class:`RiskOptions`."""
+        warmup = risk.warmup
+        if warmup is None:  # the fewest queries in which a bound can reach the target
+            warmup = math.ceil(math.log(1 / risk.delta) / self.max_risk)
+        if not 0 <= warmup <= risk.window:
+            raise ValueError(f"warmup must be in 0..window ({risk.window}), got {warmup}")
+        self.tolerance, self.delta = risk.tolerance, risk.delta
+        self.window, self.warmup, self.max_age_s = risk.window, warmup, risk.max_age_s
+        grid = default_taus() if risk.taus is None else risk.taus
+        self.taus = np.array(sorted({float(t) for t in grid} | {1.0}, reverse=True))
+
+    def _apply_labels(self, labels: LabelOptions) -> None:
+        """The shadow runs, the judge of their label flow, and the coins they are drawn by."""
+        self.shadow_patience_s = labels.patience_s
+        self.shadows = ShadowRuns(labels.concurrency, labels.queue)
+        self.label_flow = LabelFlow(labels.stretch, labels.loss)
+        self._rng = random.Random(labels.seed)
+
+    def _apply_trust(self, trust: TrustOptions) -> None:
+        """Where the observations live, signed with which keys, capped per source; the
+        least tau while they cannot be vouched for (by default the start tau, which must
+        then be a tau in [0, 1] too)."""
+        self.outage_tau = self.start_tau if trust.outage_tau is None else trust.outage_tau
+        if not 0 <= self.outage_tau <= 1:
+            raise ValueError(f"outage_tau must be in [0, 1], got {self.outage_tau}")
+        self.namespace, self.sync_s = trust.namespace, trust.sync_s
+        self.max_share, self.burst_s = trust.max_share, trust.burst_s
+        share = trust.max_share
+        self.cap = None if share is None else max(1, math.floor(share * self.window))
+        self.keys = GateKeys(trust.key) if trust.key is not None else GateKeys.from_env()
+        self._store_choice = trust.store
+        if isinstance(trust.store, BaseStore) and self.keys is None:
+            raise MissingGateKey("OnlineGate(trust=TrustOptions(store=...))")
+        self.ledger: GateLedger = (
+            self._store_ledger(trust.store)
+            if isinstance(trust.store, BaseStore)
+            else MemoryLedger(self.window, self.cap)
+        )
 
     @property
     def scope(self) -> Literal["shared", "process"]:
@@ -341,7 +330,20 @@ class OnlineGate:
 
     def _store_ledger(self, store: BaseStore) -> StoreLedger:
         assert self.keys is not None
-        return StoreLedger(store, self._namespace(), self.window, self.keys, sync_s=self.sync_s)
+        return StoreLedger(
+            store, self._namespace(), self.window, self.keys, sync_s=self.sync_s, cap=self.cap
+        )
+
+    def source(self, identity: str | None, served: bool, at: float | None = None) -> str:
+        """Whose share of the window a query at ``at`` counts in (``max_share``,
+        :class:`TrustOptions`): a digest of the caller's ``identity`` on a server with
+        identities, the burst it arrived in on an open one (no identity, or
+        ``"anonymous"``), "" in one process."""
+        if not served:
+            return ""
+        if identity and identity != ANONYMOUS:
+            return "id:" + hashlib.sha256(identity.encode()).hexdigest()[:24]
+        return f"~{int((time.time() if at is None else at) // self.burst_s)}"
 
     # --- where observations live ---------------------------------------------------------------
     def bind(self, store: BaseStore | None) -> None:
@@ -412,6 +414,7 @@ class OnlineGate:
         *,
         agent_failed: bool = False,
         bound: str = "",
+        source: str = "",
     ) -> None:
         """One query's outcome: its decision (None: it had no draft), its score and whether
         the draft disagreed with the agent (None when no label was taken: an accepted draft
@@ -419,8 +422,9 @@ class OnlineGate:
         draft whose agent failed, counted as disagreeing. ``key``: the query's own (a run
         redelivered, or a shadow's label arriving later, replaces its entry). ``bound``: a
         rejected draft's decision recorded before its label, with the digest of the draft
-        (:mod:`~speceyes_graph.gate.online_steps`). Moves tau; raises what the store raised
-        (the gate is tightened then)."""
+        (:mod:`~speceyes_graph.gate.online_steps`). ``source``: whose share of the window it
+        counts in (:meth:`source`). Moves tau; raises what the store raised (the gate is
+        tightened then)."""
         accepted = decision is not None and decision.accepted
         shadowed = decision is not None and decision.shadowed
         if accepted and not shadowed:
@@ -431,7 +435,7 @@ class OnlineGate:
         at = decision.at if decision is not None and decision.at else time.time()
         chance = decision.chance if accepted and decision is not None else 1.0
         observation = Observation(
-            at, score, accepted, shadowed, disagrees, failed, chance, bound=bound
+            at, score, accepted, shadowed, disagrees, failed, chance, bound=bound, source=source
         )
         key = key or uuid.uuid4().hex
         if self.rolling is not None:

@@ -21,6 +21,18 @@ own config (LangGraph's servers and Aegra set it; a client cannot), not the stat
 earns no label. A rejected draft's decision is written to the ledger at once, pending and
 bound to a digest of the draft: the same run redelivered to another worker after its first
 died finds it there and labels it, once.
+
+**A label is an agent's verdict, nothing else.** Only runs under the deployment's own
+settings are gated online (:meth:`OnlineSteps.key`). The agent's run ends one of three ways
+(:data:`Verdict`): it *answered* (the label: agrees or not), the agent was *unavailable* (it
+could not be reached or answered with a server error: the draft counts as disagreeing, so
+an agent that is down tightens the gate), or it *stopped* without a verdict (its step
+limit, the query's deadline, a failure of the query's own; a run interrupted or cancelled
+before it never gets here): no label, and the draft's pending decision never counts. A
+query the judge sent to the tools joins the window only once its agent answered, so traffic
+that never reaches an agent cannot dilute the risk. Each entry names its *source* (the
+caller's identity, or an open server's burst of traffic), whose share of the window the
+ledger bounds.
 """
 
 from __future__ import annotations
@@ -32,7 +44,7 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from cachetools import FIFOCache
 from langgraph.store.base import BaseStore
@@ -42,7 +54,16 @@ from ..effects import Blocking, Steps
 from ..state import Draft
 from .online import GateDecision, OnlineGate
 
-__all__ = ["OpenDecisions", "OnlineSteps"]
+__all__ = ["AgentStopped", "OpenDecisions", "OnlineSteps", "Verdict"]
+
+Verdict = Literal["answered", "unavailable", "stopped"]
+"""How an agent's run on a query ended, as the online gate reads it (the module docstring)."""
+
+
+class AgentStopped(RuntimeError):
+    """A shadow run stopped without a verdict (its step limit, its deadline): no label, and
+    no sign that labels stopped flowing."""
+
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +81,8 @@ class _Open:
     text: str | None
     options: Any
     decision: GateDecision | None = None
+    source: str = ""  # whose share of the window its entry counts in
+    judged_agentic: bool = False  # no draft: the judge sent it to the tools
 
     def digest(self) -> str:
         """What a pending decision in the ledger is bound to: this draft and its options."""
@@ -102,13 +125,26 @@ class OnlineSteps:
         self.open = OpenDecisions()
 
     @staticmethod
-    def key(config: Mapping[str, Any], overrides: Mapping[str, Any], mode: str) -> str | None:
+    def key(config: Mapping[str, Any], learns: bool) -> str | None:
         """The query's key at intake, or None when the online gate does not gate it (a
-        baseline mode, or a run whose context sets its own ``tau``): :meth:`run_key`, with a
-        fresh id as the nonce of a run no server gave an id."""
-        if mode != "speceyes" or "tau" in overrides:
-            return None
-        return OnlineSteps.run_key(config, uuid.uuid4().hex)
+        baseline mode, or a run whose settings are not the deployment's: its labels would
+        say what another tau, K, step limit or deadline does): :meth:`run_key`, with a fresh
+        id as the nonce of a run no server gave an id."""
+        return OnlineSteps.run_key(config, uuid.uuid4().hex) if learns else None
+
+    def source(self, config: Mapping[str, Any]) -> str:
+        """Whose share of the gate's window this run's entry counts in
+        (:meth:`~speceyes_graph.gate.online.OnlineGate.source`): the caller's identity,
+        which LangGraph's servers and Aegra set in ``configurable.langgraph_auth_user``
+        whatever the client sent; none in a run no server gave an id."""
+        configurable = config.get("configurable") or {}
+        user = configurable.get("langgraph_auth_user")
+        identity = (
+            user.get("identity") if isinstance(user, Mapping) else getattr(user, "identity", None)
+        )
+        return self.gate.source(
+            identity if isinstance(identity, str) else None, bool(configurable.get("run_id"))
+        )
 
     @staticmethod
     def run_key(config: Mapping[str, Any], nonce: str | None) -> str | None:
@@ -132,27 +168,39 @@ class OnlineSteps:
         key: str,
         agent_failed: bool = False,
         bound: str = "",
+        source: str = "",
     ) -> None:
         try:
             self.gate.observe(
-                decision, score, label, key=key, agent_failed=agent_failed, bound=bound
-            )
+                decision, score, label, key=key, agent_failed=agent_failed, bound=bound,
+                source=source,
+            )  # fmt: skip
         except Exception as exc:  # the store is down: the answer stands, the label is lost
             log.warning("the online gate could not record a label: %s: %s", type(exc).__name__, exc)
 
-    def no_draft(self, key: str | None, store: BaseStore | None) -> Steps:
-        """A query the judge sent to the tools: in the window, with no draft."""
-        if key is None:
-            return
-        self.gate.bind(store)
-        yield Blocking(self._record, (None, None, None, key))
+    def judged_agentic(self, key: str | None, config: Mapping[str, Any]) -> None:
+        """A query the judge sent to the tools: it joins the window, without a draft, once
+        its agent answered (:meth:`after_agent`)."""
+        if key is not None:
+            self.open.put(
+                key, _Open(None, None, None, source=self.source(config), judged_agentic=True)
+            )
 
-    def drafted(self, key: str | None, draft: Draft, query: Mapping[str, Any] | None) -> None:
+    def drafted(
+        self,
+        key: str | None,
+        draft: Draft,
+        query: Mapping[str, Any] | None,
+        config: Mapping[str, Any],
+    ) -> None:
         """Bind the draft this run's speculate node made (its score, text and the query's
         options) to the run: the gate decides only on it, and labels only it."""
         if key is not None:
             options = (query or {}).get("options")
-            self.open.put(key, _Open(_gated_score(draft), draft.get("text"), options))
+            source = self.source(config)
+            self.open.put(
+                key, _Open(_gated_score(draft), draft.get("text"), options, source=source)
+            )
 
     def decide(
         self, key: str | None, state: Mapping[str, Any], draft: Draft, store: BaseStore | None
@@ -167,6 +215,7 @@ class OnlineSteps:
         if (
             key is None
             or bound is None
+            or bound.judged_agentic
             or bound.decision is not None
             or bound.score != _gated_score(draft)
             or bound.text != draft.get("text")
@@ -188,59 +237,72 @@ class OnlineSteps:
             "gate_scope": gate.scope,
             "gate_counts": dict(gate.counts),
         }
+        source = bound.source
         if decision.accepted:
             self.open.pop(key)  # its label, if any, comes from the shadow run alone
-            yield Blocking(self._record, (decision, score, None, key))
+            yield Blocking(self._record, (decision, score, None, key, False, "", source))
         elif score is not None:  # its label comes with the agent: the same run, here or
             # redelivered to another worker, which finds the decision in the ledger
-            yield Blocking(self._record, (decision, score, None, key, False, bound.digest()))
+            pending = (decision, score, None, key, False, bound.digest(), source)
+            yield Blocking(self._record, pending)
         if decision.shadowed or decision.probe:
-            yield Blocking(gate.shadows.submit, self._shadow(key, state, gated, decision))
+            work = self._shadow(key, state, gated, decision, source)
+            yield Blocking(gate.shadows.submit, work)
         return gated
 
     def _shadow(
-        self, key: str, state: Mapping[str, Any], gated: Draft, decision: GateDecision
+        self, key: str, state: Mapping[str, Any], gated: Draft, decision: GateDecision, source: str
     ) -> tuple[Callable[[], bool], Callable[[bool | None, bool], None]]:
         """A shadow run's work and what its label does: the label of an accepted draft, or
         for a probe (a rejected draft shadowed while shadows fail, to see whether they work
-        again) only whether a label came."""
+        again) only whether a label came. A shadow that stopped without a verdict
+        (:class:`AgentStopped`) gives no label and says nothing about the label flow."""
         options = (state.get("query") or {}).get("options")
         score = _gated_score(gated)
+        stopped = threading.Event()
 
         def verify() -> bool:
-            answer = self.shadow(state, gated)
+            try:
+                answer = self.shadow(state, gated)
+            except AgentStopped:
+                stopped.set()
+                raise
             return not answers_agree(gated.get("text"), answer, options)
 
         def done(label: bool | None, dropped: bool) -> None:
-            self.gate.shadow_outcome(None if dropped else label is not None)
+            if not stopped.is_set():
+                self.gate.shadow_outcome(None if dropped else label is not None)
             if decision.probe:
                 return  # the rejected draft's label comes with the user's agent run
             if label is None:  # failed or dropped: an accepted draft without a label
-                self._record(replace(decision, shadowed=False), score, None, key)
+                self._record(replace(decision, shadowed=False), score, None, key, source=source)
             else:
-                self._record(decision, score, label, key)
+                self._record(decision, score, label, key, source=source)
 
         return verify, done
 
-    def rejected(
+    def after_agent(
         self,
         key: str | None,
         answer: str | None,
-        failed: bool,
+        verdict: Verdict,
         draft: Mapping[str, Any] | None = None,
         options: Any = None,
         store: BaseStore | None = None,
     ) -> Steps:
-        """The label of a draft the gate rejected in this run: whether it disagrees with
-        the agent's answer. An agent that failed gives no agreement: the draft counts as
-        disagreeing (an outage of the agent must not teach the gate that low-scored drafts
-        are right). Once: the run's decision is taken with its label.
+        """What the agent's run says of this run's query, once: a rejected draft's label
+        (whether it disagrees with the agent's ``answer``; counted as disagreeing when the
+        agent was unavailable), or a query the judge sent to the tools joining the window;
+        nothing when the agent stopped without a verdict (the module docstring).
 
         The same run redelivered to another worker (its first died after the gate) finds
         its decision in the ledger instead, pending, under the run's key; it labels it only
         if the state's ``draft`` and ``options`` are the ones decided on (their digest)."""
-        if key is None:
+        if key is None or verdict == "stopped":
+            if key is not None:
+                self.open.pop(key)
             return
+        failed = verdict == "unavailable"
         bound = self.open.pop(key)
         if bound is None:  # not decided here: redelivered, or not this run's
             if _gated_score(draft or {}) is None:
@@ -248,10 +310,16 @@ class OnlineSteps:
             self.gate.bind(store)
             yield Blocking(self._redelivered, (key, answer, failed, draft or {}, options))
             return
+        if bound.judged_agentic:
+            if not failed:
+                self.gate.bind(store)
+                yield Blocking(self._record, (None, None, None, key, False, "", bound.source))
+            return
         if bound.decision is None or bound.decision.accepted:
             return
         label = True if failed else not answers_agree(bound.text, answer, bound.options)
-        yield Blocking(self._record, (bound.decision, bound.score, label, key, failed))
+        record = (bound.decision, bound.score, label, key, failed, "", bound.source)
+        yield Blocking(self._record, record)
 
     def _redelivered(
         self, key: str, answer: str | None, failed: bool, draft: Mapping[str, Any], options: Any
@@ -275,7 +343,7 @@ class OnlineSteps:
             return
         decision = GateDecision(False, False, self.gate.start_tau, decided.at)
         label = True if failed else not answers_agree(here.text, answer, options)
-        self._record(decision, decided.score, label, key, failed)
+        self._record(decision, decided.score, label, key, failed, "", decided.source)
 
 
 def _gated_score(draft: Mapping[str, Any]) -> float | None:

@@ -38,10 +38,11 @@ from ..agents.loop import (
     create_agent_loop,
     recursion_limit,
 )
-from ..effects import Blocking, Steps, Subgraph, run_steps
-from ..gate.online_steps import OnlineSteps
+from ..effects import Blocking, Steps, Subgraph, run_steps, unavailable
+from ..gate.online_steps import AgentStopped, OnlineSteps, Verdict
 from ..messages import dehydrate
 from ..protocol import extract_answer, message_text
+from ..settings import resolve_settings
 from ..state import AgentStep, Draft, SpecEyesContext, SpecEyesState
 from .nodes import NodeKit, SpecEyesError
 
@@ -178,8 +179,12 @@ class AgentFallback:
 
     def shadow_answer(self, state: Mapping[str, Any], draft: Draft) -> str | None:
         """The agent's answer to a query whose draft was accepted (a shadow run: in a thread
-        of its own, with a deadline of its own, traced as its own run)."""
-        settings = state["settings"]
+        of its own, with a deadline of its own, traced as its own run), under the
+        deployment's settings whatever the run's were: its label is the gate's, not the
+        client's. Raises :class:`~speceyes_graph.gate.online_steps.AgentStopped` when the
+        agent stopped without a verdict (no label, and no sign the labels stopped)."""
+        settings = resolve_settings(None, self.setup.defaults, self.setup.limits).as_dict()
+        state = {**state, "settings": settings}
         deadline = time.time() + settings["query_timeout_s"]
         config: RunnableConfig = {
             "run_name": "shadow_verification",
@@ -188,11 +193,20 @@ class AgentFallback:
         }
         with deadline_scope(deadline):
             out = run_steps(self.run({**state, "deadline": deadline}, draft, config))
-        if not answered_itself(out):
-            raise RuntimeError(
-                out.get("error") or f"the shadow run gave no answer: {out.get('stop_reason')}"
-            )
+        ended = verdict(out)
+        if ended != "answered":
+            why = out.get("error") or f"the shadow run gave no answer: {out.get('stop_reason')}"
+            raise AgentStopped(why) if ended == "stopped" else RuntimeError(why)
         return str(out["answer"])
+
+
+def verdict(out: Mapping[str, Any]) -> Verdict:
+    """How the agent's run ended, for the online gate: it answered itself, it was
+    unavailable (:func:`~speceyes_graph.effects.unavailable`), or it stopped without a
+    verdict (its step limit, the deadline, a failure of the query's own)."""
+    if answered_itself(out):
+        return "answered"
+    return "unavailable" if out.get("stop_reason") == "unavailable" else "stopped"
 
 
 def answered_itself(out: Mapping[str, Any]) -> bool:
@@ -222,12 +236,13 @@ def agent_loop_node(
             out = {**kit.failed(state, "agent", exc, t0), "stop_reason": "deadline"}
         except Exception as exc:
             out = kit.failed(state, "agent", exc, t0)
-        if online is not None and state.get("gate_key"):  # this run's rejected draft, if any
+            if unavailable(exc):
+                out["stop_reason"] = "unavailable"
+        if online is not None and state.get("gate_key"):  # what the agent says of this run
             key = online.run_key(config, state["gate_key"])
             query: Mapping[str, Any] = state.get("query") or {}
-            failed = not answered_itself(out)
-            yield from online.rejected(
-                key, out.get("answer"), failed, state.get("draft"), query.get("options"),
+            yield from online.after_agent(
+                key, out.get("answer"), verdict(out), state.get("draft"), query.get("options"),
                 runtime.store,
             )  # fmt: skip
         if out.get("error") and settings["on_error"] == "raise":

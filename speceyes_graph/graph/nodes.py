@@ -195,8 +195,10 @@ def intake_node(kit: NodeKit, online: OnlineSteps | None) -> Callable[..., Steps
         except Exception as exc:
             return {**clean, **_overwrite_timings(kit.failed({}, "settings", exc, t0))}
         clean["settings"] = settings.as_dict()
-        if online is not None:
-            clean["gate_key"] = online.key(config, overrides, settings.mode)
+        if online is not None:  # only runs under the deployment's settings teach it
+            deployment = resolve_settings(None, setup.defaults, setup.limits)
+            learns = settings.mode == "speceyes" and settings.same_run_as(deployment)
+            clean["gate_key"] = online.key(config, learns)
         clean["deadline"] = deadline = time.time() + settings.query_timeout_s
         announced: list[tuple[Any, dict[str, Any]]] = []
         try:
@@ -280,7 +282,7 @@ def judge_node(
         elif not judgement.tools_needed and kit.traits(setup.speculator)[0]:
             phases.announce(setup.speculator, **kit.draft_kwargs)  # the draft comes next
         if online is not None and judgement.tools_needed and state.get("gate_key"):
-            yield from online.no_draft(online.run_key(config, state["gate_key"]), runtime.store)
+            online.judged_agentic(online.run_key(config, state["gate_key"]), config)
         return update
 
     return judge
@@ -327,7 +329,8 @@ def speculate_node(
             return {"draft": failed, "timings": {"speculate": time.perf_counter() - t0}}
         draft = phases.gate(reply, RunSettings(**settings).gate(gate))
         if online is not None and state.get("gate_key"):
-            online.drafted(online.run_key(config, state["gate_key"]), draft, state["query"])
+            key = online.run_key(config, state["gate_key"])
+            online.drafted(key, draft, state["query"], config)
         return {"draft": draft, "timings": {"speculate": time.perf_counter() - t0}}
 
     return speculate

@@ -355,7 +355,7 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         if judgement.tools_needed:
             record["route"] = "judged-agentic"
             if self.steps is not None:
-                yield from self.steps.no_draft(key, store)
+                self.steps.judged_agentic(key, _run_config())
             return _Outcome(record, None)
         try:
             reply = yield from phases.draft(
@@ -371,7 +371,7 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
             draft = {"text": "", "accepted": False, "error": failure}
         if self.steps is not None:
             turn = {"gate_key": key, "query": query, "request": request}
-            self.steps.drafted(key, draft, query)
+            self.steps.drafted(key, draft, query, _run_config())
             draft = yield from self.steps.decide(key, turn, draft, store)
         record["draft"] = draft if self.record_text else _without_text(draft)
         record["timings"]["speculate"] = time.perf_counter() - t0
@@ -403,11 +403,7 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         the server's run id from the run's config; in process, ``nonce`` (the record's, when
         labelling) or a fresh one."""
         nonce = nonce or uuid.uuid4().hex
-        try:
-            config = get_config()
-        except RuntimeError:  # called outside a graph run
-            return nonce
-        return OnlineSteps.run_key(config, nonce) or nonce
+        return OnlineSteps.run_key(_run_config(), nonce) or nonce
 
     @staticmethod
     def _answer(record: SpecEyesTurn, response: ModelResponse) -> ExtendedModelResponse:
@@ -474,7 +470,11 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
         text = message_text(last) if last is not None and not last.tool_calls else ""
         answer = extract_answer(text) or text.strip() or None
         key = self._gate_key(record["gate_key"])
-        yield from self.steps.rejected(key, answer, failed=answer is None)
+        store = runtime.store if runtime is not None else None
+        # an agent that raised never gets here: its turn's draft stays unlabelled
+        yield from self.steps.after_agent(
+            key, answer, "answered" if answer else "stopped", store=store
+        )
 
     def after_agent(self, state: Any, runtime: Runtime[Any]) -> dict[str, Any] | None:
         run_steps(self._label(state, runtime))
@@ -519,6 +519,14 @@ class SpecEyesMiddleware(ImageStoreMiddleware):
             )
             self._default_shadows[key] = agent
         return agent
+
+
+def _run_config() -> Mapping[str, Any]:
+    """The config of the graph run this is called in ({} outside one)."""
+    try:
+        return get_config()
+    except RuntimeError:  # called outside a graph run
+        return {}
 
 
 def _without_text(draft: Draft) -> Draft:

@@ -40,8 +40,9 @@ folders, ``SPECEYES_IMAGE_HOSTS`` hosts), crops and pasted images kept in
 under ``SPECEYES_BLOB_DIR`` (default ``.langgraph_api/speceyes-blobs``), bounded by
 ``SPECEYES_BLOB_MAX_MB`` (2048) and ``SPECEYES_BLOB_MAX_AGE_H``, and a failed query fails
 its run (``SPECEYES_ON_ERROR=record`` returns it with ``error`` set instead).
-``SPECEYES_TAU``, ``SPECEYES_TOP_K`` and ``SPECEYES_TOOLS`` set defaults; each run may
-override the gate, mode and deadlines through its context. ``SPECEYES_BATCH_SIZE`` (16)
+``SPECEYES_TAU``, ``SPECEYES_TOP_K`` and ``SPECEYES_TOOLS`` set defaults; a run may set
+only what ``SPECEYES_CLIENT_SETTINGS`` allows (``on_error`` unless it says more), and a run
+naming anything else fails (:func:`client_settings`). ``SPECEYES_BATCH_SIZE`` (16)
 bounds a local model's batches; the server runs at most ``--n-jobs-per-worker`` runs at
 once per worker, which bounds them too (docs/deployment.md, "Scale out"). Imports are absolute because the
 LangGraph CLI loads this file by path.
@@ -58,10 +59,17 @@ from typing import Any
 
 from speceyes_graph.gate.keys import ENV as GATE_KEY_ENV
 from speceyes_graph.gate.keys import GateKeys
-from speceyes_graph.gate.online import DEFAULT_WINDOW, OnlineGate, read_evidence
+from speceyes_graph.gate.online import (
+    DEFAULT_WINDOW,
+    OnlineGate,
+    RiskOptions,
+    TrustOptions,
+    read_evidence,
+)
 from speceyes_graph.gate.separability import GateConfig
 from speceyes_graph.graph import create_speceyes_graph
 from speceyes_graph.integrations.chat import create_speceyes_chat_graph
+from speceyes_graph.settings import SERVED_CLIENT_SETTINGS, Limits, RunSettings
 from speceyes_tools.blobs import blobs_from_url
 from speceyes_tools.images import ImagePolicy, ImageStore
 
@@ -168,11 +176,27 @@ def example_models() -> dict[str, Any]:
     return {"judge": judge, "speculator": speculator, "agent": agent}
 
 
+def client_settings() -> frozenset[str]:
+    """What a client of the served graphs may set per run (context, configurable or an
+    assistant's): ``SPECEYES_CLIENT_SETTINGS``, comma-separated names of
+    :class:`~speceyes_graph.settings.RunSettings` (``all`` for every one), else
+    :data:`~speceyes_graph.settings.SERVED_CLIENT_SETTINGS`. A run naming anything else fails
+    with a SettingsError that says what it may set (docs/deployment.md, "What a client
+    can change")."""
+    named = env("SPECEYES_CLIENT_SETTINGS")
+    if named is None:
+        return SERVED_CLIENT_SETTINGS
+    if named.strip() == "all":
+        return frozenset(RunSettings.__dataclass_fields__)
+    return frozenset(n.strip() for n in named.split(",") if n.strip())
+
+
 def _served(factory, models: dict[str, Any], name: str):
     return factory(
         **models,
         store=served_store(),
         on_error=env("SPECEYES_ON_ERROR", "raise"),
+        limits=Limits(client_settings=client_settings()),
     ).compile(name=name)
 
 
@@ -216,9 +240,11 @@ def online_gate(gate: GateConfig) -> OnlineGate:
         config=gate,
         tau=float(env("SPECEYES_GATE_START_TAU", "1.0")),
         evidence=read_evidence(evidence) if evidence else None,
-        window=int(env("SPECEYES_GATE_WINDOW", str(DEFAULT_WINDOW))),
-        warmup=int(warmup) if warmup else None,
-        namespace="speceyes_online",
+        risk=RiskOptions(
+            window=int(env("SPECEYES_GATE_WINDOW", str(DEFAULT_WINDOW))),
+            warmup=int(warmup) if warmup else None,
+        ),
+        trust=TrustOptions(namespace="speceyes_online"),
     )
 
 

@@ -19,7 +19,7 @@ import re
 from langchain_core.messages import AIMessage, BaseMessage
 
 from speceyes_graph import create_speceyes_graph
-from speceyes_graph.gate.online import OnlineGate
+from speceyes_graph.gate.online import LabelOptions, OnlineGate, RiskOptions, TrustOptions
 from speceyes_graph.gate.separability import GateConfig
 from speceyes_graph.integrations.studio import served_models, served_store
 from speceyes_graph.models.scripted import ScriptedChatModel, fake_logprobs
@@ -52,8 +52,8 @@ guarded = create_speceyes_graph(
             0.02,
             config=models.get("gate") or GateConfig(),
             tau=1.0,
-            warmup=1000,
-            namespace="guarded",
+            risk=RiskOptions(warmup=1000),
+            trust=TrustOptions(namespace="guarded"),
         ),
     },
     store=served_store(),
@@ -70,9 +70,8 @@ failing_shadows = create_speceyes_graph(
         0.1,
         0.5,
         evidence=[(9.0, False)] * 300,
-        seed=0,
-        outage_tau=1.0,
-        namespace="failing_shadows",
+        labels=LabelOptions(seed=0),
+        trust=TrustOptions(outage_tau=1.0, namespace="failing_shadows"),
     ),
     store=served_store(),
     on_error="record",
