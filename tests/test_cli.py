@@ -146,6 +146,11 @@ def test_serve_config_writes_configs_that_name_the_installed_graphs(tmp_path, ca
 
     assert shipped["http"] == {"app": "speceyes_graph.deploy.routes:app"}
     assert aegra["http"] == {"app": f"{Path(routes.__file__).resolve()}:app"}
+    # the shipped rules (the gate's namespace, owners, assistants) on Aegra too
+    from speceyes_graph.deploy import auth
+
+    assert shipped["auth"] == {"path": "speceyes_graph.deploy.auth:auth"}
+    assert aegra["auth"] == {"path": f"{Path(auth.__file__).resolve()}:auth"}
     for spec in shipped["graphs"].values():
         module, variable = spec["path"].split(":")
         assert getattr(__import__(module, fromlist=[variable]), variable) is not None

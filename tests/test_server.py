@@ -89,12 +89,14 @@ GATE_KEY = os.urandom(24).hex()
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """No environment set but the online gate's key: the shipped demo checkpoints, in the
-    server's process."""
+    """No environment set but the online gate's key, and the settings its tests set per run
+    allowed (an operator's choice: by default a client sets only ``on_error``): the shipped
+    demo checkpoints, in the server's process."""
     # the online graph starts where the served gate does (its routes are the plain graph's)
     yield from dev_server(
-        tmp_path_factory, SPECEYES_GATE_KEY=GATE_KEY, SPECEYES_GATE_START_TAU="0.98"
-    )
+        tmp_path_factory, SPECEYES_GATE_KEY=GATE_KEY, SPECEYES_GATE_START_TAU="0.98",
+        SPECEYES_CLIENT_SETTINGS="tau,mode,on_error",
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -458,7 +460,10 @@ def concurrent_draft_batches(url, scenes, n_runs):
 @pytest.fixture(scope="module")
 def wide_server(tmp_path_factory):
     """The demo checkpoints behind a server allowed 32 runs at once, in batches up to 32."""
-    yield from dev_server(tmp_path_factory, "--n-jobs-per-worker", "32", SPECEYES_BATCH_SIZE="32")
+    yield from dev_server(
+        tmp_path_factory, "--n-jobs-per-worker", "32", SPECEYES_BATCH_SIZE="32",
+        SPECEYES_CLIENT_SETTINGS="mode",  # the test drafts only: mode "small"
+    )  # fmt: skip
 
 
 def test_the_servers_job_limit_bounds_a_local_models_batches(wide_server, server, scenes):

@@ -67,7 +67,7 @@ class Observation:
     accepted: bool
     shadowed: bool
     disagrees: bool | None  # None: no label (accepted and not shadowed, or shadow pending/failed)
-    failed: bool = False  # rejected, and the agent failed: counted as disagreeing
+    failed: bool = False  # rejected, and the agent was down: counted as disagreeing
     # the chance it was shadowed, drawn before its coin (accepted drafts; 1.0 for the rest,
     # whose label comes with the agent's run): the estimate weighs its label by 1 / chance
     chance: float = 1.0

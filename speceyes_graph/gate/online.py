@@ -43,8 +43,10 @@ draft with :meth:`OnlineGate.decide` and records the tau it met and whether it w
 in the query's ``draft``. A rejected draft is labelled by the agent's answer
 (:func:`~speceyes_graph.answers.answers_agree`); a shadowed one by a shadow run of the
 agent loop in :class:`ShadowRuns` (bounded threads and queue, off the user's path: the
-answer has already returned); a query the judge sent to the tools counts in the window
-without a draft. Where observations live is the gate's ledger
+answer has already returned); a query the judge sent to the tools counts in the window,
+without a draft, once its agent answered. Only runs under the deployment's settings count,
+a label is an agent's verdict (:mod:`~speceyes_graph.gate.online_steps`), and one source
+holds at most ``max_share`` of the window. Where observations live is the gate's ledger
 (:mod:`speceyes_graph.gate.ledger`): this process's memory, or the run's LangGraph store, which
 every worker of a deployment shares.
 
@@ -54,8 +56,8 @@ can reach the server's API, so the gate counts only entries signed with the depl
 key it refuses the store and keeps its evidence in this process. When it cannot write or
 read the fleet's labels, or has not read them for a while, its tau is at least
 ``outage_tau`` (its start tau by default) until it can again; evidence older than
-``max_age_s`` does not count. A draft whose agent failed after a rejection counts as
-disagreeing: a failure gives no agreement (docs/calibration.md, "What it trusts").
+``max_age_s`` does not count. A draft whose agent was down after a rejection counts as
+disagreeing: an outage gives no agreement (docs/calibration.md, "What it trusts").
 """
 
 from __future__ import annotations
@@ -419,7 +421,7 @@ class OnlineGate:
         """One query's outcome: its decision (None: it had no draft), its score and whether
         the draft disagreed with the agent (None when no label was taken: an accepted draft
         not shadowed, a shadow run still running or failed). ``agent_failed``: a rejected
-        draft whose agent failed, counted as disagreeing. ``key``: the query's own (a run
+        draft whose agent was down, counted as disagreeing. ``key``: the query's own (a run
         redelivered, or a shadow's label arriving later, replaces its entry). ``bound``: a
         rejected draft's decision recorded before its label, with the digest of the draft
         (:mod:`~speceyes_graph.gate.online_steps`). ``source``: whose share of the window it

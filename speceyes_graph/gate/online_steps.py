@@ -44,6 +44,7 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Literal
 
 from cachetools import FIFOCache
@@ -240,11 +241,11 @@ class OnlineSteps:
         source = bound.source
         if decision.accepted:
             self.open.pop(key)  # its label, if any, comes from the shadow run alone
-            yield Blocking(self._record, (decision, score, None, key, False, "", source))
+            yield Blocking(partial(self._record, decision, score, None, key, source=source))
         elif score is not None:  # its label comes with the agent: the same run, here or
             # redelivered to another worker, which finds the decision in the ledger
-            pending = (decision, score, None, key, False, bound.digest(), source)
-            yield Blocking(self._record, pending)
+            pending = partial(self._record, decision, score, None, key, source=source)
+            yield Blocking(partial(pending, bound=bound.digest()))
         if decision.shadowed or decision.probe:
             work = self._shadow(key, state, gated, decision, source)
             yield Blocking(gate.shadows.submit, work)
@@ -313,13 +314,16 @@ class OnlineSteps:
         if bound.judged_agentic:
             if not failed:
                 self.gate.bind(store)
-                yield Blocking(self._record, (None, None, None, key, False, "", bound.source))
+                yield Blocking(partial(self._record, None, None, None, key, source=bound.source))
             return
         if bound.decision is None or bound.decision.accepted:
             return
         label = True if failed else not answers_agree(bound.text, answer, bound.options)
-        record = (bound.decision, bound.score, label, key, failed, "", bound.source)
-        yield Blocking(self._record, record)
+        yield Blocking(
+            partial(
+                self._record, bound.decision, bound.score, label, key, failed, source=bound.source
+            )
+        )
 
     def _redelivered(
         self, key: str, answer: str | None, failed: bool, draft: Mapping[str, Any], options: Any
@@ -343,7 +347,7 @@ class OnlineSteps:
             return
         decision = GateDecision(False, False, self.gate.start_tau, decided.at)
         label = True if failed else not answers_agree(here.text, answer, options)
-        self._record(decision, decided.score, label, key, failed, "", decided.source)
+        self._record(decision, decided.score, label, key, failed, source=decided.source)
 
 
 def _gated_score(draft: Mapping[str, Any]) -> float | None:
