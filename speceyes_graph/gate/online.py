@@ -524,6 +524,10 @@ class OnlineGate:
             "shadow_policy": repr(self.shadow),
             "acceptance": self.acceptance,
             "seeded": len(self.seeds),
+            # how many callers (or open-server minutes) the window holds, and the most any
+            # one may hold: a window short of its warm-up for want of sources says so here
+            "sources": len({q.source for q in queries}),
+            "per_source": self.cap,
             "shared": self.ledger.shared,
             "scope": self.scope,
             "skipped": dict(self.ledger.skipped),
