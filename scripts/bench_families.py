@@ -1,6 +1,6 @@
 """Mixed image sizes stay one batch, for every family (prints figures; docs/models.md).
 
-For each of the ten tiny families (``speceyes_graph.demo.tiny_families``: real classes and
+For each of the eleven tiny families (``speceyes_graph.demo.tiny_families``: real classes and
 processors, random tiny weights), eight speculation requests whose images all differ in
 size, three ways, in the same process:
 

@@ -64,7 +64,7 @@ def tiny_models(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_families(tmp_path_factory):
-    """Tiny random checkpoints of ten image-text-to-text families (tests/test_families.py)."""
+    """Tiny random checkpoints of eleven image-text-to-text families (tests/test_families.py)."""
     from speceyes_graph.demo.tiny_families import FAMILIES, make_tiny_family
 
     root = tmp_path_factory.mktemp("tiny-families")

@@ -1,4 +1,4 @@
-"""The tiny checkpoints of ten image-text-to-text families load and run like the real ones.
+"""The tiny checkpoints of eleven image-text-to-text families load and run like the real ones.
 
 Only transformers' public API is used on the built folders (``AutoProcessor``,
 ``AutoModelForImageTextToText``, ``AutoTokenizer``), as a user's code would load a real
@@ -40,9 +40,10 @@ EXPECTED = {
     # PaliGemmaProcessor turns the tokenizer's BOS off and inserts it after the image tokens
     "paligemma": ("PaliGemmaProcessor", "PaliGemmaForConditionalGeneration", False),
     "llava-next": ("LlavaNextProcessor", "LlavaNextForConditionalGeneration", True),
+    "mllama": ("MllamaProcessor", "MllamaForConditionalGeneration", True),
 }
 # Families whose chat template writes the BOS token itself (the double-BOS trap).
-TEMPLATE_WRITES_BOS = {"idefics3", "gemma3", "mistral3"}
+TEMPLATE_WRITES_BOS = {"idefics3", "gemma3", "mistral3", "mllama"}
 
 SIZES = ((40, 30), (90, 60), (33, 77))  # width x height, three aspect ratios
 TEXTS = (

@@ -1,4 +1,4 @@
-"""The tokenizers of the ten tiny families (:mod:`.tiny_families`): small BPE vocabularies
+"""The tokenizers of the eleven tiny families (:mod:`.tiny_families`): small BPE vocabularies
 trained here, in each real family's tokenizer class and pipeline (byte-level or byte
 fallback, its special tokens, whether it adds a BOS), so that they round-trip through
 ``save_pretrained`` and behave as the real ones do where it matters to a prompt."""
@@ -15,6 +15,7 @@ __all__ = [
     "gemma3_tokenizer",
     "llama2_tokenizer",
     "llama3_tokenizer",
+    "llama32_vision_tokenizer",
     "paligemma_tokenizer",
     "qwen2_tokenizer",
     "smollm2_tokenizer",
@@ -170,6 +171,38 @@ def llama3_tokenizer(template: str) -> Any:
         tok,
         bos_token="<|begin_of_text|>",
         eos_token="<|end_of_text|>",
+        pad_token="<|finetune_right_pad_id|>",
+        add_bos_token=True,
+        model_max_length=131072,
+    )
+    return _finish(tok, specials, template)
+
+
+def llama32_vision_tokenizer(template: str) -> Any:
+    """Llama 3.2 Vision's tokenizer: Llama 3.1's byte-level BPE with its named special tokens
+    after the learned pieces (``<|begin_of_text|>`` ... ``<|python_tag|>``, as ids 128000-128010
+    are ordered) and ``<|image|>`` after them (128256 in the real one), loaded as
+    ``PreTrainedTokenizerFast``, adding ``<|begin_of_text|>`` on encode; ``<|eot_id|>`` ends a
+    turn, ``<|finetune_right_pad_id|>`` pads."""
+    named = (
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|reserved_special_token_0|>",
+        "<|reserved_special_token_1|>",
+        "<|finetune_right_pad_id|>",
+        "<|step_id|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eom_id|>",
+        "<|eot_id|>",
+        "<|python_tag|>",
+    )
+    specials = (*named, "<|image|>")
+    tok = _byte_level_bpe(_LLAMA3_REGEX, (), specials)
+    tok = _backend(
+        tok,
+        bos_token="<|begin_of_text|>",
+        eos_token="<|eot_id|>",
         pad_token="<|finetune_right_pad_id|>",
         add_bos_token=True,
         model_max_length=131072,

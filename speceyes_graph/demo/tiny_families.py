@@ -1,4 +1,4 @@
-"""Tiny random checkpoints of ten image-text-to-text families, built offline.
+"""Tiny random checkpoints of eleven image-text-to-text families, built offline.
 
 ``make_tiny_family(family, out)`` writes a folder that ``AutoProcessor.from_pretrained(out)`` and
 ``AutoModelForImageTextToText.from_pretrained(out)`` load exactly as they would load the real
@@ -30,11 +30,12 @@ internvl            OpenGVLab/InternVL3-1B-hf                           no
 mistral3            mistralai/Mistral-Small-3.1-24B-Instruct-2503       yes, ``<s>``
 paligemma           google/paligemma-3b-mix-224                         processor inserts ``<bos>``
 llava-next          llava-hf/llava-v1.6-mistral-7b-hf                   yes, ``<s>``
+mllama              meta-llama/Llama-3.2-11B-Vision-Instruct            yes, ``<|begin_of_text|>``
 ==================  ==================================================  =======================
 
 Quirks the fixtures keep, because the real checkpoints have them:
 
-- Idefics3, Gemma 3 and Mistral 3 templates write the BOS token and their tokenizers add it
+- Idefics3, Gemma 3, Mistral 3 and Llama 3.2 Vision templates write the BOS token and their tokenizers add it
   too: ``processor.apply_chat_template(..., tokenize=True)`` gives one BOS, but rendering the
   template and then calling ``processor(text=...)`` gives two.
 - PaliGemma has no chat template (pass ``PALIGEMMA_CHAT_TEMPLATE``); its processor turns the
@@ -43,9 +44,14 @@ Quirks the fixtures keep, because the real checkpoints have them:
   as the real checkpoint does.
 - Gemma 3's and Mistral 3.1's templates reject a ``tool`` role; LLaVA-NeXT's accepts only
   user/assistant/system.
+- Llama 3.2 Vision's template raises on a system message beside an image, even an empty one
+  (its list content trims to the list's repr); without an image it writes the list's repr as
+  the system text. Its images reach the text through cross-attention, not placeholders: one
+  ``<|image|>`` per image and a 4-D ``cross_attention_mask`` [batch, tokens, images, tiles].
 
 Deviations, for a tiny random model to be useful: Gemma 3's head is untied from its
-embeddings, and weight matrices a model initialises to zero are randomised.
+embeddings, weight matrices a model initialises to zero are randomised, and so are Llama 3.2
+Vision's tanh gates (zero until training opens them: closed, no image reaches the text).
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from speceyes_graph.demo.family_tokenizers import (
     gemma3_tokenizer,
     llama2_tokenizer,
     llama3_tokenizer,
+    llama32_vision_tokenizer,
     paligemma_tokenizer,
     qwen2_tokenizer,
     smollm2_tokenizer,
@@ -90,6 +97,7 @@ FAMILIES: tuple[str, ...] = (
     "mistral3",
     "paligemma",
     "llava-next",
+    "mllama",
 )
 
 # ----------------------------------------------------------------------------------------------
@@ -546,6 +554,72 @@ def _build_llava_next(out: Path) -> None:
     _save(model, processor, tok, ("</s>",), out)
 
 
+def _build_mllama(out: Path) -> None:
+    """Llama 3.2 Vision: each image is resized to the best grid of up to 4 tiles of 32 px
+    (the real 560 px) and every tile encoded apart (4x4 patches + CLS, padded to 24 tokens);
+    the decoder reads them through gated cross-attention layers, not placeholders: the prompt
+    holds one ``<|image|>`` per image, and a 4-D ``cross_attention_mask`` [batch, tokens,
+    images, tiles] says which tokens see which image."""
+    from transformers import (
+        MllamaConfig,
+        MllamaForConditionalGeneration,
+        MllamaImageProcessor,
+        MllamaProcessor,
+    )
+
+    tile, tiles = 32, 4
+    tok = llama32_vision_tokenizer(CHAT_TEMPLATES["mllama"])
+    processor = MllamaProcessor(
+        image_processor=MllamaImageProcessor(
+            size={"height": tile, "width": tile},
+            max_image_tiles=tiles,
+            image_mean=[0.48145466, 0.4578275, 0.40821073],
+            image_std=[0.26862954, 0.26130258, 0.27577711],
+        ),
+        tokenizer=tok,
+        chat_template=CHAT_TEMPLATES["mllama"],
+    )
+    layers = [0, 1]  # the local layers whose outputs join the last one's (real: 5 of 32)
+    config = MllamaConfig(
+        vision_config={
+            "hidden_size": _VISION["hidden_size"],
+            "intermediate_size": _VISION["intermediate_size"],
+            "num_hidden_layers": _VISION["num_hidden_layers"],
+            "num_global_layers": 1,
+            "attention_heads": _VISION["num_attention_heads"],
+            "image_size": tile,
+            "patch_size": _PATCH,
+            "max_num_tiles": tiles,
+            "intermediate_layers_indices": layers,
+            "vision_output_dim": _VISION["hidden_size"] * (len(layers) + 1),
+            "initializer_range": _INIT_STD,
+        },
+        text_config={
+            **{k: v for k, v in _text_config(tok).items() if k != "head_dim"},
+            "num_hidden_layers": 3,
+            "cross_attention_layers": [1],  # self, cross, self (real: every fifth of 40)
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+            "tie_word_embeddings": False,
+        },
+        image_token_index=tok.convert_tokens_to_ids("<|image|>"),
+    )
+    model = MllamaForConditionalGeneration(config)
+    _open_gates(model)
+    _save(model, processor, tok, ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"), out)
+
+
+def _open_gates(model: Any) -> None:
+    """Give the tanh gates Llama 3.2 Vision initialises to zero (cross-attention, its MLP,
+    the vision tower's position and tile embeddings) a random value: closed, no image
+    reaches the text until training opens them."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "gate" in name.rsplit(".", 1)[-1] and not param.any():
+                param.normal_(0.0, 1.0)
+
+
 _BUILDERS: dict[str, Callable[[Path], None]] = {
     "qwen2.5-vl": lambda out: _build_qwen("large", out),
     "qwen3-vl": lambda out: _build_qwen("small", out),
@@ -557,6 +631,7 @@ _BUILDERS: dict[str, Callable[[Path], None]] = {
     "mistral3": _build_mistral3,
     "paligemma": _build_paligemma,
     "llava-next": _build_llava_next,
+    "mllama": _build_mllama,
 }
 
 

@@ -53,7 +53,13 @@ from speceyes_tools.memory import ImageMemory
 
 from .._compat import StreamsWhenAsked  # only an explicit stream() streams
 from .batching import BatchScheduler
-from .conversion import convert_messages, special_token_escaper
+from .conversion import (
+    SystemTurn,
+    convert_messages,
+    fold_system,
+    refuses_system_turn,
+    special_token_escaper,
+)
 from .families import box_convention, processor_resize
 from .generation import BatchedGeneration, GenerationKey, can_join
 from .hub import hub_problem, looks_like_hub_id
@@ -165,6 +171,12 @@ class ChatTransformersVLM(StreamsWhenAsked, BaseChatModel):
         "(speceyes_tools.memory: 2 GiB, or SPECEYES_IMAGE_MEMORY_BYTES); a number: a bound "
         "of their own; 0: none.",
     )
+    system_turn: SystemTurn = Field(
+        default="auto",
+        description="How a system message reaches the chat template: 'keep' (a system turn), "
+        "'fold' (its text starts the next user turn), 'auto' (folded where the template "
+        "refuses a system turn beside an image, or drops its text: Llama 3.2 Vision).",
+    )
     processor_kwargs: dict[str, Any] = Field(default_factory=dict)
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
 
@@ -182,6 +194,7 @@ class ChatTransformersVLM(StreamsWhenAsked, BaseChatModel):
     _scheduler: BatchScheduler | None = PrivateAttr(default=None)
     _escape: Any = PrivateAttr(default=None)
     _generation: BatchedGeneration | None = PrivateAttr(default=None)
+    _fold_system: bool = PrivateAttr(default=False)
     # preparation shares the process-wide CPU gate with image work, earliest deadline first
     _preparing: Any = PrivateAttr(default_factory=cpu_work)
 
@@ -234,6 +247,7 @@ class ChatTransformersVLM(StreamsWhenAsked, BaseChatModel):
                 self.model, **kwargs
             ).eval()
         _require_chat_template(self._processor, self.model)
+        self._fold_system = self._folds_system()
         # generation needs left padding; many checkpoints save "right"
         self._processor.tokenizer.padding_side = "left"
         images = getattr(self._processor, "image_processor", None)
@@ -273,6 +287,29 @@ class ChatTransformersVLM(StreamsWhenAsked, BaseChatModel):
             budget=budget,
             name=f"batcher:{self.model}",
         )
+
+    def _folds_system(self) -> bool:
+        """Whether system turns are folded into the user turn (see ``system_turn``)."""
+        if self.system_turn != "auto":
+            return self.system_turn == "fold"
+        processor = self._processor
+
+        def render(messages: list[dict[str, Any]]) -> str:
+            return str(
+                processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            )
+
+        refuses = refuses_system_turn(render)
+        if refuses:
+            log.info("%s: the chat template refuses a system turn; folding it into the first "
+                     "user turn", self.model)  # fmt: skip
+        return refuses
+
+    @property
+    def folds_system_turn(self) -> bool:
+        """Whether a system message goes into the next user turn instead of a system turn of
+        its own (``system_turn``; "auto": where the template refuses one)."""
+        return self._fold_system
 
     @property
     def _llm_type(self) -> str:
@@ -427,12 +464,15 @@ class ChatTransformersVLM(StreamsWhenAsked, BaseChatModel):
     ) -> dict[str, Any]:
         """Chat template, images and processor for one request; ``prefill`` starts the reply."""
         converted = convert_messages(messages, self._escape)
+        template_messages = (
+            fold_system(converted.messages) if self._fold_system else converted.messages
+        )
         # A conversation ending in an assistant turn is continued, not answered anew (Thyme
         # continues its turn after each <sandbox_output>; servers: continue_final_message),
         # unless the call says continue_final_message=False.
         cont = bool(messages) and messages[-1].type == "ai" and continue_final is not False
         prompt = self._processor.apply_chat_template(
-            converted.messages,
+            template_messages,
             tools=tools or None,
             add_generation_prompt=not cont,
             continue_final_message=cont,

@@ -9,6 +9,12 @@ become real control tokens and forge a turn, so the checkpoint's special-token s
 escaped (a zero-width space after their first character) before templating; they then
 tokenize as ordinary text. Strings that are added tokens but not special (``<tool_call>``,
 ``<think>``) are left alone: the protocols use them as text.
+
+Some templates refuse a system turn (Llama 3.2 Vision's raises "Prompting with images is
+incompatible with system messages", even for an empty one) or drop its text. For those the
+system prompt goes into the first user turn (:func:`fold_system`), as those families' users
+do and as Gemma 3's own template does: :func:`refuses_system_turn` tells them apart by
+rendering a probe conversation once per checkpoint.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from langchain_core.messages import BaseMessage, ChatMessage
@@ -24,7 +30,15 @@ from langchain_core.messages import BaseMessage, ChatMessage
 from speceyes_tools.blobs import is_blob_key
 from speceyes_tools.images import current_store, load_image
 
-__all__ = ["HFMessages", "convert_messages", "special_token_escaper", "to_hf_messages"]
+__all__ = [
+    "HFMessages",
+    "SystemTurn",
+    "convert_messages",
+    "fold_system",
+    "refuses_system_turn",
+    "special_token_escaper",
+    "to_hf_messages",
+]
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
 _ZWSP = "\u200b"
@@ -130,3 +144,69 @@ def convert_messages(
             ]
         out.append(entry)
     return HFMessages(out, images, keys)
+
+
+# How a system message reaches the chat template: "keep" as a system turn, "fold" into the
+# next user turn, "auto" folded only where the template refuses a system turn.
+SystemTurn = Literal["auto", "keep", "fold"]
+
+_PROBE_SYSTEM = "Probe system prompt: answer briefly."
+_PROBE_USER = "Probe question: what is shown?"
+
+
+def refuses_system_turn(render: Callable[[list[dict[str, Any]]], str]) -> bool:
+    """Whether a chat template refuses a system turn beside an image: rendering a system turn
+    and a user turn with an image raises where the user turn alone renders (Llama 3.2
+    Vision), or the system text is missing from what it renders. ``render`` renders a
+    conversation with the generation prompt, untokenized. A template that cannot render
+    the user turn alone either is not blamed on the system turn."""
+    user = {
+        "role": "user",
+        "content": [{"type": "image"}, {"type": "text", "text": _PROBE_USER}],
+    }
+    system = {"role": "system", "content": [{"type": "text", "text": _PROBE_SYSTEM}]}
+    try:
+        rendered = render([system, user])
+    except Exception:  # noqa: BLE001 - any template error: is it the system turn's?
+        try:
+            render([user])
+        except Exception:  # noqa: BLE001 - the template fails without it too
+            return False
+        return True
+    return _PROBE_SYSTEM not in rendered and _PROBE_USER in rendered
+
+
+def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat-template messages with every system turn folded into the user turn after it:
+    its parts first, then a blank line, then the user's (Gemma 3's template does the same
+    with its system turn). An empty system turn is dropped; one with no user turn after it
+    becomes a user turn of its own."""
+    out: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = []
+    for message in messages:
+        parts = _content_parts(message.get("content"))
+        if message.get("role") == "system":
+            pending.extend(p for p in parts if p.get("type") != "text" or p.get("text"))
+            continue
+        if message.get("role") == "user" and pending:
+            message = {**message, "content": [*_separated(pending), *parts]}
+            pending = []
+        out.append(message)
+    if pending:
+        out.append({"role": "user", "content": pending})
+    return out
+
+
+def _content_parts(content: Any) -> list[dict[str, Any]]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    return list(content)
+
+
+def _separated(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A folded system prompt's parts, a blank line after them."""
+    if parts[-1].get("type") == "text":
+        return [*parts[:-1], {**parts[-1], "text": parts[-1]["text"] + "\n\n"}]
+    return [*parts, {"type": "text", "text": "\n\n"}]

@@ -15,7 +15,7 @@ Each family's processor has its own rule, and the frame follows it, never anothe
 - Pixtral (Mistral 3): the longer side at most ``longest_edge``, sides rounded up to the
   patch. The image is sent in exactly that frame too.
 - Every other family tiles the image (Idefics3, SmolVLM, LLaVA-NeXT, LLaVA-OneVision,
-  InternVL) or squashes it to a square (Gemma 3, PaliGemma): no frame of the image survives
+  InternVL, Llama 3.2 Vision) or squashes it to a square (Gemma 3, PaliGemma): no frame of the image survives
   whole, so it is sent as it is, bounded by the most pixels the processor uses.
 
 Where boxes map back: :func:`box_convention` says how a family's instruct checkpoints write
@@ -62,6 +62,7 @@ FAMILIES: dict[str, ResizeSpec] = {
     "smolvlm": _bounded(2048 * 2048),  # longest edge 1536 (2048 for the 256M / 500M)
     "llava-next": _bounded(672 * 672),  # the largest grid of LLaVA-1.6's pinpoints
     "llava-onevision": _bounded(2304 * 2304),
+    "mllama": _bounded(4 * 560 * 560),  # Llama 3.2 Vision: up to 4 tiles of 560 px
 }
 
 _ALIASES = {  # the first that a (lower-cased) name contains
@@ -84,6 +85,9 @@ _ALIASES = {  # the first that a (lower-cased) name contains
     "llava-onevision": "llava-onevision",
     "llava-v1.6": "llava-next",
     "llava-next": "llava-next",
+    "llama-3.2-11b-vision": "mllama",
+    "llama-3.2-90b-vision": "mllama",
+    "mllama": "mllama",
 }
 
 # How boxes are written, by the checkpoint's ``config.model_type``, where documented:
@@ -187,6 +191,8 @@ def _most_pixels(get: Any, size: Mapping, kind: str) -> int:
     tile = int(size.get("height") or 0) * int(size.get("width") or 0)
     if get("max_patches") and tile:  # InternVL (GotOcr2): up to max_patches tiles (its
         return int(get("max_patches")) * tile  # processor turns crop_to_patches on per call)
+    if get("max_image_tiles") and tile:  # Llama 3.2 Vision: up to max_image_tiles tiles
+        return int(get("max_image_tiles")) * tile
     if tile:  # Gemma 3, PaliGemma, SigLIP: one square
         return tile
     longest = size.get("longest_edge")  # Idefics3 / SmolVLM: the longer side, then tiles

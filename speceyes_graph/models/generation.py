@@ -18,7 +18,7 @@ from langchain_core.messages.ai import UsageMetadata
 
 from ..protocol import parse_deepeyes
 from .batching import RowKeys
-from .collate import pad_cat
+from .collate import exact_groups, fill_value, pad_cat, pad_sequences, sequence_dim
 from .image_cache import vision_keys
 from .memory import is_out_of_memory
 
@@ -72,30 +72,47 @@ class BatchedGeneration:
         )
 
     def _collate(self, prepared: Sequence[dict]) -> dict:
-        pad_id = self.processor.tokenizer.pad_token_id
+        """The requests' processor outputs as one batch (:mod:`.collate`): every tensor
+        aligned with the token sequence, in whatever dimension, padded on the tokenizer's
+        padding side; everything else joined and padded at the end, as the processor pads."""
+        tokenizer = self.processor.tokenizer
+        left = getattr(tokenizer, "padding_side", "left") != "right"
         lengths = [p["inputs"]["input_ids"].shape[1] for p in prepared]
-        longest = max(lengths)
         batch: dict[str, Any] = {}
-        keys = {k for p in prepared for k in p["inputs"]}
+        keys = dict.fromkeys(k for p in prepared for k in p["inputs"])
         for key in keys:
             values = [p["inputs"].get(key) for p in prepared]
-            first = next(v for v in values if v is not None)
-            sequence_aligned = all(
-                v is not None and v.ndim == 2 and v.shape[1] == n
-                for v, n in zip(values, lengths, strict=True)
-            )
-            if sequence_aligned:
-                fill = pad_id if key == "input_ids" else 0
-                padded = first.new_full((len(prepared), longest), fill)
-                for i, (v, n) in enumerate(zip(values, lengths, strict=True)):
-                    padded[i, longest - n :] = v[0]
-                batch[key] = padded
+            present = [v for v in values if v is not None]  # (no `in`: it compares tensors)
+            dim = sequence_dim(values, lengths) if len(present) == len(values) else None
+            if dim is not None:
+                fill = fill_value(key, tokenizer.pad_token_id)
+                batch[key] = pad_sequences(values, dim, fill, left=left)
             else:  # pixels, grids, image sizes: joined in request order, as the processor pads
-                batch[key] = pad_cat([v for v in values if v is not None])
+                batch[key] = pad_cat(present)
         device = self.hf_model.device
         return {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
 
     def run_batch(self, key: Hashable, prepared: Sequence[dict], streamer: Any = None) -> list:
+        if len(prepared) > 1:
+            groups = exact_groups([p["inputs"] for p in prepared])
+            if len(groups) > 1:  # padding one into the other would change replies
+                return self._run_groups(key, prepared, groups, streamer)
+        return self._run_batch(key, prepared, streamer)
+
+    def _run_groups(
+        self, key: Hashable, prepared: Sequence[dict], groups: list[list[int]], streamer: Any
+    ) -> list:
+        """One ``generate`` call per group (see :func:`~.collate.exact_groups`), the replies
+        in the batch's order."""
+        results: list[Any] = [None] * len(prepared)
+        for group in groups:
+            sub = RowKeys([key[i] for i in group]) if isinstance(key, RowKeys) else key
+            replies = self._run_batch(sub, [prepared[i] for i in group], streamer)
+            for i, reply in zip(group, replies, strict=True):
+                results[i] = reply
+        return results
+
+    def _run_batch(self, key: Hashable, prepared: Sequence[dict], streamer: Any = None) -> list:
         import torch
 
         # one key for the batch, or one per row (requests that joined: see can_join)
