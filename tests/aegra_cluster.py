@@ -34,8 +34,9 @@ with PostgresSaver.from_conn_string(sys.argv[1]) as saver:
 with PostgresStore.from_conn_string(sys.argv[1]) as store:
     store.setup()
 """
-GATES = ROOT / "tests" / "served" / "gates.py"  # online gates for the forgery tests (issue 66)
+GATES = ROOT / "tests" / "served" / "gates.py"  # online gates for issues 66 and 75's tests
 ROUTES = ROOT / "speceyes_graph" / "deploy" / "routes.py"  # the chat's image route
+AUTH = ROOT / "speceyes_graph" / "deploy" / "auth.py"  # the shipped rules (serve-config's)
 CONFIG = json.dumps(
     {
         "graphs": {
@@ -44,8 +45,11 @@ CONFIG = json.dumps(
             "speceyes_online": f"{SERVE}:online_graph",
             "guarded": f"{GATES}:guarded",
             "failing_shadows": f"{GATES}:failing_shadows",
+            "fair_share": f"{GATES}:fair_share",
         },
         "http": {"app": f"{ROUTES}:app"},
+        # no identities: every caller is "anonymous" (tests/operator_attacks.py)
+        "auth": {"path": f"{AUTH}:auth"},
     }
 )
 # the online gate of the graph "speceyes_online" (tests/test_aegra.py): it moves after a few

@@ -19,6 +19,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import operator_attacks
 import pytest
 from forgeries import FORGERIES
 
@@ -391,21 +392,25 @@ def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels
     lost = [r for r, v in found.items() if v["shadowed"] and v["disagrees"] is None]
     assert all(ran_on.get(r, set()) & {second} for r in lost), (lost, ran_on)
 
-    # a client of an instance writes into the gate's namespace: Aegra keeps it in the
-    # client's own; someone with the database but not the key writes into the gate's
+    # a client of an instance writes into the gate's namespace: the shipped rules refuse it
+    # (403; without them Aegra kept it in the client's own); someone with the database but
+    # not the key writes into the gate's
+    from langgraph_sdk.errors import PermissionDeniedError
+
     client = get_sync_client(url=cluster.url(first))
     now = time.time()
     shaped = {"v": ENTRY_VERSION, "at": now, "score": 0.999, "accepted": True,
               "shadowed": True, "disagrees": False, "failed": False, "chance": 0.5}  # fmt: skip
+    refused = 0
     for i in range(200):
-        client.store.put_item(namespace.split("."), f"client{i}", {**shaped, "mac": "x:0"})
-    assert not [k for k, _ in rows() if k.startswith("client")]
+        try:
+            client.store.put_item(namespace.split("."), f"client{i}", {**shaped, "mac": "x:0"})
+        except PermissionDeniedError:
+            refused += 1
+    assert refused == 200
     with psycopg.connect(cluster.dsn) as conn:
-        scoped = conn.execute(
-            "SELECT count(*) FROM store WHERE prefix LIKE %s AND key LIKE 'client%%'",
-            (f"users.%.{namespace}",),
-        ).fetchone()[0]
-    assert scoped == 200  # the client's own namespace, under its identity
+        landed = conn.execute("SELECT count(*) FROM store WHERE key LIKE 'client%%'").fetchone()[0]
+    assert landed == 0  # neither in the gate's namespace nor anywhere else
     other = GateKeys("a key that is not this deployment's")
     with PostgresStore.from_conn_string(cluster.dsn) as outsider:
         for i in range(300):
@@ -542,7 +547,9 @@ def test_the_cluster_database_holds_no_pixels(cluster, plan):
     other = cluster.url(cluster.alive()[-1])  # an instance the chat turn was not sent to
     image = httpx.get(other + url, timeout=30)
     assert image.status_code == 200 and image.headers["content-type"] == "image/png"
-    sent = base64.b64decode(plan[1][0][1]["messages"][0]["content"][-1]["image_url"]["url"].split(",")[1])
+    sent = base64.b64decode(
+        plan[1][0][1]["messages"][0]["content"][-1]["image_url"]["url"].split(",")[1]
+    )
     assert image.content == sent
     stranger = url.split("thread_id=")[0] + "thread_id=" + threads[0]
     assert httpx.get(other + stranger, timeout=30).status_code == 404
@@ -585,3 +592,51 @@ def test_when_shadow_runs_fail_the_served_gate_tightens(aegra_client):
     from forgeries import check_failing_shadows
 
     check_failing_shadows(aegra_client)
+
+
+# --- issue 75: the shared gate is the operator's (tests/operator_attacks.py) ---
+# The cluster has no identities (the shipped auth: every caller "anonymous"), so a source of
+# fair_share's window is a minute of traffic, and runs go to either instance: a probe waits
+# past the instances' sync interval first.
+
+
+@pytest.fixture
+def aegra_gate(aegra_client) -> operator_attacks.Gate:
+    return operator_attacks.Gate(lambda user: aegra_client, identities=False, settle_s=1.5)
+
+
+def test_an_open_servers_assistants_are_the_operators(aegra_client):
+    """Aegra under the shipped auth: the default assistant's update (tau 0) and delete, and
+    any create, are refused (403); runs by graph id still work (before: the update went
+    through)."""
+    operator_attacks.check_an_open_servers_assistants_are_the_operators(
+        aegra_client, "fair_share", operator_attacks.query("needs-tools")
+    )
+
+
+def test_a_served_run_sets_only_what_the_operator_allows(aegra_client):
+    """``speceyes`` (``serve.py``, the default allow-list): a run naming tau, mode,
+    k, model_timeout_s or max_agent_steps fails with the SettingsError naming it."""
+    operator_attacks.check_a_served_run_sets_only_on_error(
+        aegra_client, "speceyes", operator_attacks.query("What colour?")
+    )
+
+
+def test_refused_settings_teach_the_gate_nothing(aegra_client, aegra_gate):
+    operator_attacks.check_refused_settings_teach_the_gate_nothing(aegra_client, aegra_gate)
+
+
+def test_a_run_stopped_at_the_step_limit_labels_nothing(aegra_client, aegra_gate):
+    operator_attacks.check_a_run_stopped_at_the_step_limit_labels_nothing(aegra_client, aegra_gate)
+
+
+def test_runs_interrupted_before_the_agent_do_not_dilute_the_window(aegra_client, aegra_gate):
+    operator_attacks.check_runs_interrupted_before_the_agent_do_not_dilute(
+        lambda user: aegra_client, aegra_gate
+    )
+
+
+def test_one_caller_holds_at_most_its_share_of_the_window(aegra_client, aegra_gate):
+    """Ten answered queries from the one open identity: the window gains at most four per
+    minute the test spans, the probe's own included (before: eleven)."""
+    operator_attacks.check_one_source_holds_at_most_its_share(aegra_client, aegra_gate)

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import operator_attacks
 import pytest
 from forgeries import FORGERIES, check_failing_shadows, check_forgery
 
@@ -569,3 +570,94 @@ def test_a_server_without_a_gate_key_says_so_when_the_graph_loads(wide_server, s
             client.threads.create()["thread_id"], "speceyes_online", input=inputs
         )
         assert out["draft"]["gate_scope"] == scope
+
+
+# --- issue 75: the shared gate is the operator's (tests/operator_attacks.py) ---
+
+EXAMPLE = {"question": "What colour?", "images": []}  # the example graph's scripted models
+
+
+def owned_gate(url: str) -> operator_attacks.Gate:
+    """``fair_share`` on ``owned_server``: each probe a caller of its own, counts exact."""
+    return operator_attacks.Gate(lambda user: client_of(url, user), identities=True)
+
+
+def test_an_open_servers_assistants_are_the_operators(server):
+    """The shipped ``langgraph.json`` (no identities): a client updating the example graph's
+    default assistant to tau 0, deleting it or creating one is refused (403, naming
+    SPECEYES_OPEN_ASSISTANT_WRITES); runs by graph id still work (before: the update
+    went through, and every caller's runs met tau 0)."""
+    from langgraph_sdk import get_sync_client
+
+    operator_attacks.check_an_open_servers_assistants_are_the_operators(
+        get_sync_client(url=server), "speceyes_example", EXAMPLE
+    )
+
+
+def test_assistants_belong_to_whoever_made_them(owned_server):
+    """With identities: the default assistant is no caller's to change or delete, alice's
+    own is invisible and unrunnable to bob, and an assistant's context meets the run
+    allow-list (tests/operator_attacks.py)."""
+    operator_attacks.check_assistants_belong_to_whoever_made_them(
+        lambda user: client_of(owned_server, user), "speceyes_example", EXAMPLE
+    )
+
+
+def test_a_served_run_sets_only_what_the_operator_allows(owned_server):
+    """``speceyes_example`` (``serve.py``) on a server that leaves the allow-list at its
+    default (``server`` allows more, as its operator may): a run's context or configurable
+    naming tau, mode, k, model_timeout_s or max_agent_steps fails with the SettingsError
+    naming it (before: the run used it); on_error may be set."""
+    operator_attacks.check_a_served_run_sets_only_on_error(
+        client_of(owned_server, "mallory"), "speceyes_example", EXAMPLE
+    )
+
+
+def test_refused_settings_teach_the_gate_nothing(owned_server):
+    """``fair_share``: the same settings refused, and the gate's counts unchanged by them
+    (before: tau 0 accepted its draft, and a shadow labelled it)."""
+    operator_attacks.check_refused_settings_teach_the_gate_nothing(
+        client_of(owned_server, "mallory"), owned_gate(owned_server)
+    )
+
+
+def test_a_run_stopped_at_the_step_limit_labels_nothing(owned_server):
+    """A rejected draft whose agent zooms until its step limit: the run ends, and no label
+    is counted (before: one disagreeing label per such run, which a client could send at
+    will to tighten everyone's gate)."""
+    operator_attacks.check_a_run_stopped_at_the_step_limit_labels_nothing(
+        client_of(owned_server, "mallory"), owned_gate(owned_server)
+    )
+
+
+def test_runs_interrupted_before_the_agent_do_not_dilute_the_window(owned_server):
+    """Eight queries sent to the tools and interrupted before the agent, each by a caller of
+    its own: the window does not grow (before: by eight, unlabelled entries that lowered
+    the window's risk)."""
+    operator_attacks.check_runs_interrupted_before_the_agent_do_not_dilute(
+        lambda user: client_of(owned_server, user), owned_gate(owned_server)
+    )
+
+
+def test_one_caller_holds_at_most_its_share_of_the_window(owned_server):
+    """Mallory's ten answered queries: the window gains four of them, fair_share's
+    max_share of its 40 (before: all ten)."""
+    operator_attacks.check_one_source_holds_at_most_its_share(
+        client_of(owned_server, "mallory"), owned_gate(owned_server)
+    )
+
+
+def test_store_items_belong_to_whoever_wrote_them(owned_server):
+    """With identities, bob neither reads, lists nor overwrites alice's store item of the
+    same namespace and key (before: one namespace for all callers)."""
+    operator_attacks.check_store_items_belong_to_whoever_wrote_them(
+        client_of(owned_server, "alice"), client_of(owned_server, "bob")
+    )
+
+
+def test_a_run_stream_is_its_threads_owners(owned_server):
+    """Bob joining the stream of alice's background run receives none of its events."""
+    received = operator_attacks.check_a_run_stream_is_its_owners(
+        client_of(owned_server, "alice"), client_of(owned_server, "bob"), "speceyes_example"
+    )
+    assert [c.event for c in received] == ["error"]  # langgraph dev: "404: Thread not found"

@@ -171,6 +171,8 @@ def store_scope(ctx: Auth.types.AuthContext, value: dict[str, Any]) -> None:
     pattern), so one caller neither reads nor overwrites another's. On an open server every
     caller is ``"anonymous"``: they share one prefix."""
     refuse_gate_state(value)
+    if ctx.action == "list_namespaces" and value.get("namespace") is None:
+        value["namespace"] = ()  # the caller's own namespaces only: not who else stores
     for field in ("namespace", "namespace_prefix"):
         namespace = value.get(field)
         if namespace is not None:
