@@ -425,12 +425,20 @@ def test_one_online_gate_for_the_cluster_and_a_killed_instance_loses_only_labels
     # ended)
     cluster.add()
     time.sleep(1.5)  # past each instance's sync interval: its next decision reads the store
-    drafted = next(p for r, p in zip(outs, payloads) if outs[r][1]["draft"])
+    drafted = [p for r, p in zip(outs, payloads) if outs[r][1]["draft"]]
     probes = []
     for i in cluster.alive():
         client = get_sync_client(url=cluster.url(i))
-        tid = client.threads.create()["thread_id"]
-        probes.append(client.runs.wait(tid, "speceyes_online", input=drafted)["draft"])
+        # a query drafted in a batch may be judged agentic alone (the demo judge is close
+        # to its line on a few): the first that drafts again is the probe
+        for payload in drafted[:5]:
+            tid = client.threads.create()["thread_id"]
+            out = client.runs.wait(tid, "speceyes_online", input=payload)
+            if out and out.get("draft"):
+                probes.append(out["draft"])
+                break
+        else:
+            raise AssertionError(f"instance {i} drafted none of five drafted queries: {out}")
     stored = sorted(entries().values(), key=lambda v: v["at"])
     FIELDS = ("at", "score", "accepted", "shadowed", "disagrees", "failed", "chance", "by")
     beats = {k: v["at"] for k, v in rows(namespace + ".workers")}  # each worker's last sign

@@ -15,9 +15,10 @@
   instance shares one gate. ``SPECEYES_GATE_WINDOW`` (2000) and ``SPECEYES_GATE_WARMUP`` (the
   gate's) set its window and the queries it sees before tau moves; a new deployment accepts
   nothing until then (``SPECEYES_GATE_START_TAU``, 1.0) unless ``SPECEYES_GATE_EVIDENCE``
-  names a gate file whose labelled queries seed it. ``SPECEYES_GATE_KEY`` (the same secret on
-  every worker) signs its entries: only those count, and without it the gate keeps to each
-  worker's memory (docs/deployment.md, "The online gate's state").
+  names a gate file whose labelled queries seed it; ``SPECEYES_GATE_MAX_SHARE`` (0.05, or
+  ``none``) bounds the share of its window one caller may hold. ``SPECEYES_GATE_KEY`` (the
+  same secret on every worker) signs its entries: only those count, and without it the gate
+  keeps to each worker's memory (docs/deployment.md, "The online gate's state").
 
 Models come from the environment, so the same file serves a laptop and a cluster:
 
@@ -244,8 +245,15 @@ def online_gate(gate: GateConfig) -> OnlineGate:
             window=int(env("SPECEYES_GATE_WINDOW", str(DEFAULT_WINDOW))),
             warmup=int(warmup) if warmup else None,
         ),
-        trust=TrustOptions(namespace="speceyes_online"),
+        trust=TrustOptions(namespace="speceyes_online", max_share=_max_share()),
     )
+
+
+def _max_share() -> float | None:
+    """``SPECEYES_GATE_MAX_SHARE``: the most of the window one caller (on an open server, one
+    minute of traffic) may hold; ``none`` for no cap (one trusted caller sends everything)."""
+    named = env("SPECEYES_GATE_MAX_SHARE", "0.05").strip().lower()
+    return None if named == "none" else float(named)
 
 
 def make_online_graph():
